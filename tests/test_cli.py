@@ -1,0 +1,119 @@
+"""`disco generate` end to end on tiny model folders, and its one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from disco.cli import main
+from tiny import char_tokenizer, save_tiny, tiny_pair
+
+CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    tok = char_tokenizer()
+    t = save_tiny(target, tok, root / "target")
+    d = save_tiny(draft, tok, root / "draft")
+    other = char_tokenizer()
+    other.add_special_tokens({"bos_token": "<s>"})  # a different tokenizer: one more special token
+    o = save_tiny(draft, other, root / "other")
+    return t, d, o
+
+
+def cli(capsys, *args):
+    """Run the real entry point in-process; return (exit code, stdout, stderr)."""
+    argv = sys.argv
+    sys.argv = ["disco", *map(str, args)]
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code or 0
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_writes_json_identical_to_target(folders, tmp_path, capsys):
+    t, d, _ = folders
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "task": "t", "prompt": f"def f{i}(x):"}) + "\n"
+                               for i in range(3)))
+    outs = {}
+    for policy in ("target", "constant", "heuristic", "threshold", "oracle"):
+        code, stdout, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompts", prompts,
+                                "--policy", policy, "--max-new-tokens", 12, "--device", "cpu",
+                                "--json", tmp_path / f"{policy}.json")
+        assert code == 0, err
+        assert f"[{policy}]" in err and "tok/s" in err
+        data = json.loads((tmp_path / f"{policy}.json").read_text())
+        outs[policy] = [r["token_ids"] for r in data["results"]]
+        assert [r["id"] for r in data["results"]] == ["p0", "p1", "p2"]
+        assert all(len(ids) == 12 for ids in outs[policy])
+    assert all(v == outs["target"] for v in outs.values())
+
+
+def test_single_prompt_is_tokenized_as_the_tokenizer_does(folders, tmp_path, capsys):
+    t, d, _ = folders
+    code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hello", "--policy", "constant",
+                       "--max-new-tokens", 5, "--json", tmp_path / "o.json")
+    assert code == 0, err
+    from disco.decode import DecodeConfig, target_generate
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(t)
+    ref = target_generate(model, char_tokenizer()("hello")["input_ids"], DecodeConfig(max_new_tokens=5)).tokens
+    assert json.loads((tmp_path / "o.json").read_text())["results"][0]["token_ids"] == ref
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "/no/such/model", "--draft", "/no/such/draft"], "no such model folder"),
+    (["--policy", "constant", "--k", "0"], "--k must be at least 1"),
+    (["--threshold", "1.5"], "--threshold must be within [0, 1]"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+    (["--policy", "sometimes"], "unknown policy 'sometimes'"),
+    (["--prompt", "   "], "the prompt is empty"),
+    (["--prompt", "x" * 300], "exceeds the models' context of 256 tokens"),
+    (["--prompts", "/no/such.jsonl"], "prompt file not found"),
+])
+def test_bad_input_is_one_line_exit_2(folders, capsys, args, message):
+    t, d, _ = folders
+    base = ["generate", "--target", t, "--draft", d, "--max-new-tokens", 4]
+    if not any(a in ("--prompt", "--prompts") for a in args):
+        base += ["--prompt", "hi"]
+    code, _, err = cli(capsys, *base, *args)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_mismatched_tokenizers_are_refused(folders, capsys):
+    t, _, o = folders
+    code, _, err = cli(capsys, "generate", "--target", t, "--draft", o, "--prompt", "hi")
+    assert code == 2
+    assert "do not share a tokenizer" in err and "universal assisted generation" in err
+
+
+def test_bad_prompt_files(tmp_path, folders, capsys):
+    t, d, _ = folders
+    cases = {"notjson.jsonl": "{nope\n", "nofield.jsonl": '{"id": "a"}\n', "empty.jsonl": "\n"}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompts", tmp_path / name)
+        assert code == 2 and "Traceback" not in err, err
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_installed_command_exits_2_without_traceback():
+    proc = subprocess.run([sys.executable, "cli.py", "generate", "--prompt", "hi", "--policy", "nope"],
+                          capture_output=True, text=True, cwd=__file__.rsplit("/tests/", 1)[0])
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: unknown policy 'nope': choose one of target, constant, heuristic, threshold, oracle, classifier"

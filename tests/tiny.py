@@ -1,0 +1,111 @@
+"""Tiny models for offline tests: random-weight transformers models built in-process, a
+character-level tokenizer, and stub models with fixed logits."""
+
+from __future__ import annotations
+
+import copy
+import string
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
+SPECIALS = ["<pad>", "<eos>", "<unk>"]
+VOCAB = len(SPECIALS) + len(CHARS)
+EOS = 1
+
+
+def char_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer (one token per character) with pad/eos/unk."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    if chat_template:
+        fast.chat_template = chat_template
+    return fast
+
+
+def tiny_qwen(seed: int = 0, dtype: torch.dtype = torch.float64, layers: int = 2) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        eos_token_id=EOS, pad_token_id=0, bos_token_id=None, tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(cfg).to(dtype).eval()
+    # Random init gives near-uniform logits; sharpen them so greedy choices are far from ties.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    return model
+
+
+def perturbed(model: torch.nn.Module, noise: float, seed: int = 1) -> torch.nn.Module:
+    """A draft that agrees with `model` part of the time: the same weights plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * noise * p.std().clamp_min(1e-3))
+    return draft
+
+
+def tiny_pair(noise: float = 0.3, seed: int = 0, dtype: torch.dtype = torch.float64):
+    target = tiny_qwen(seed, dtype)
+    return target, perturbed(target, noise, seed + 1)
+
+
+def save_tiny(model: torch.nn.Module, tokenizer, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+class StubLM(torch.nn.Module):
+    """A causal LM with fixed logits: after token t at absolute position i it predicts
+    rule(t, i) with probability `confidence(i)`; the rest of the mass is spread evenly.
+
+    It keeps a real DynamicCache of dummy tensors so the loop's cache bookkeeping is exercised,
+    and logs (cache length before the call, number of tokens fed) for every call."""
+
+    def __init__(self, rule, vocab: int = 16, confidence=lambda i: 0.9) -> None:
+        super().__init__()
+        self.config = PretrainedConfig(num_hidden_layers=1, max_position_embeddings=4096)
+        self.rule, self.vocab, self.confidence = rule, vocab, confidence
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+        self.calls: list[tuple[int, int]] = []
+
+    def forward(self, input_ids, cache, use_cache=True, logits_to_keep=0):
+        start = cache.get_seq_length()
+        n = input_ids.shape[1]
+        self.calls.append((start, n))
+        cache.update(torch.zeros(1, 1, n, 1), torch.zeros(1, 1, n, 1), 0)
+        logits = torch.empty(1, n, self.vocab)
+        for j in range(n):
+            pos = start + j
+            c = self.confidence(pos)
+            probs = torch.full((self.vocab,), (1 - c) / (self.vocab - 1))
+            probs[self.rule(int(input_ids[0, j]), pos)] = c
+            logits[0, j] = probs.log()
+        keep = logits_to_keep or n
+        return type("Out", (), {"logits": logits[:, -keep:]})()
+
+
+class DistStubLM(StubLM):
+    """A stub whose next-token distribution depends only on the absolute position: dist(pos)."""
+
+    def __init__(self, dist, vocab: int) -> None:
+        super().__init__(rule=lambda t, i: 0, vocab=vocab)
+        self.dist = dist
+
+    def forward(self, input_ids, cache, use_cache=True, logits_to_keep=0):
+        start = cache.get_seq_length()
+        n = input_ids.shape[1]
+        cache.update(torch.zeros(1, 1, n, 1), torch.zeros(1, 1, n, 1), 0)
+        logits = torch.stack([self.dist(start + j).log() for j in range(n)]).unsqueeze(0)
+        keep = logits_to_keep or n
+        return type("Out", (), {"logits": logits[:, -keep:]})()
