@@ -184,9 +184,9 @@ def speculative_generate(
                 stats.draft_forwards += 1
                 q = warp(logits, config.temperature, config.top_p)
                 tok = _pick(q, greedy, gen)
+                step = DraftStep(logits, q, tok, pos, len(out) + pos - 1, ids, drafted[:])
                 drafted.append(tok)
                 q_rows.append(q)
-                step = DraftStep(logits, q, tok, pos, len(out) + pos - 1, ids)
                 if policy.should_stop(step) or pos == k_max:
                     break
                 feed = tok.view(1)

@@ -38,7 +38,12 @@ class DraftStep:
     token: torch.Tensor  # 0-dim int64 on the draft's device: the proposed token
     window_pos: int  # 1-based index of this token inside the current window
     gen_pos: int  # 0-based index of this token in the generated continuation
-    context: torch.Tensor  # (n,) prompt + generated tokens so far (device), not including `token`
+    committed: torch.Tensor  # (n,) prompt + accepted tokens on the device
+    drafted_before: list[torch.Tensor]  # this window's earlier draft tokens (0-dim tensors)
+
+    def context(self) -> torch.Tensor:
+        """Every token before this one: prompt, accepted tokens, the window's earlier drafts."""
+        return torch.cat([self.committed, *(t.view(1) for t in self.drafted_before)])
 
 
 class StoppingPolicy(Protocol):

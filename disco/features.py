@@ -1,0 +1,128 @@
+"""Features of a draft step, defined once for collection, training, simulation and the live loop.
+
+Two groups, concatenated in the order of FEATURES:
+
+* token features: a function of the draft's distribution at one position, the drafted token
+  and the text before it. They do not depend on how drafting was split into windows, so a
+  trace computes them once per position (teacher-forced) and any policy can reuse them.
+* window features: position in the window, running product of the chosen tokens'
+  probabilities in the window, the previous window's accepted length. They depend on the
+  window structure, so the collector computes them for the oracle's windows and the
+  simulator recomputes them for each policy's windows with `window_features`.
+
+Only what the draft knows at decision time is a feature; nothing comes from the target.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+
+import torch
+
+TOP_K = 10
+NGRAM_MAX = 3  # copy signal: does the token complete a 1-, 2-, 3-gram already in the text?
+TOKEN_CLASSES = ("newline", "space", "punct", "word", "other")
+
+TOKEN_FEATURES: tuple[str, ...] = (
+    *(f"p_top{i}" for i in range(1, TOP_K + 1)),  # DISCO: the draft's top-10 probabilities
+    "entropy",  # DISCO: entropy of the draft distribution (nats)
+    "margin",  # top-1 minus top-2 probability
+    "p_chosen",  # probability of the drafted token (differs from p_top1 when sampling)
+    "gen_pos",  # index of the token in the generated continuation
+    *(f"copy_{n}" for n in range(1, NGRAM_MAX + 1)),  # the token completes an n-gram seen earlier
+    *(f"class_{c}" for c in TOKEN_CLASSES),  # one-hot class of the drafted token's text
+)
+WINDOW_FEATURES: tuple[str, ...] = (
+    "window_pos",  # DISCO: 1-based position of the token in the current window
+    "window_prob_prod",  # product of p_chosen over the window so far (this token included)
+    "prev_accepted",  # accepted length of the previous window (0 before the first)
+)
+FEATURES: tuple[str, ...] = TOKEN_FEATURES + WINDOW_FEATURES
+# DISCO's original inputs, for the ablation baseline.
+DISCO_FEATURES: tuple[str, ...] = (*(f"p_top{i}" for i in range(1, TOP_K + 1)), "entropy", "window_pos")
+
+_P_CHOSEN = TOKEN_FEATURES.index("p_chosen")
+
+
+def token_class_table(tokenizer, vocab_size: int) -> torch.Tensor:
+    """(vocab_size,) int64: index into TOKEN_CLASSES of each token's decoded text (computed once per pair)."""
+    table = torch.full((vocab_size,), TOKEN_CLASSES.index("other"), dtype=torch.long)
+    punct = set(string.punctuation)
+    for tid in range(min(vocab_size, len(tokenizer))):
+        text = tokenizer.decode([tid])
+        if "\n" in text:
+            cls = "newline"
+        elif text and not text.strip():
+            cls = "space"
+        elif text.strip() and all(ch in punct for ch in text.strip()):
+            cls = "punct"
+        elif text.strip() and (text.strip().replace("_", "a").isalnum()):
+            cls = "word"
+        else:
+            cls = "other"
+        table[tid] = TOKEN_CLASSES.index(cls)
+    return table
+
+
+def copy_flags(context: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """(NGRAM_MAX,) float: flag n is 1 when (last n-1 context tokens, token) occurs earlier in `context`.
+
+    The copy signal behind prompt-lookup decoding: code and summaries often repeat text."""
+    flags = torch.zeros(NGRAM_MAX, dtype=torch.float32, device=context.device)
+    L = context.numel()
+    for n in range(1, NGRAM_MAX + 1):
+        if L < n:  # need n-1 tokens of history plus room for an earlier occurrence
+            break
+        # candidate starts i: context[i : i+n-1] == last n-1 tokens and context[i+n-1] == token
+        hits = context[n - 1 :] == token
+        for j in range(1, n):
+            hits = hits & (context[n - 1 - j : L - j] == context[L - j])
+        flags[n - 1] = hits.any().float()
+    return flags
+
+
+def token_features(
+    probs: torch.Tensor, token: torch.Tensor, gen_pos: int, context: torch.Tensor, token_classes: torch.Tensor
+) -> torch.Tensor:
+    """(len(TOKEN_FEATURES),) float32 on the draft's device, for one drafted token.
+
+    probs: the draft distribution the token was chosen from; context: the tokens before it."""
+    probs = probs.float()
+    top = probs.topk(TOP_K).values
+    entropy = -(probs * probs.clamp_min(1e-30).log()).sum()
+    klass = torch.nn.functional.one_hot(token_classes[token], len(TOKEN_CLASSES)).float()
+    return torch.cat([
+        top,
+        torch.stack([entropy, top[0] - top[1], probs[token], torch.tensor(float(gen_pos), device=probs.device)]),
+        copy_flags(context, token),
+        klass,
+    ])
+
+
+def window_features(window_pos: int, window_prob_prod: torch.Tensor | float, prev_accepted: int) -> torch.Tensor:
+    device = window_prob_prod.device if isinstance(window_prob_prod, torch.Tensor) else None
+    prod = torch.as_tensor(window_prob_prod, dtype=torch.float32, device=device).reshape(1)
+    return torch.cat([torch.tensor([float(window_pos)], device=prod.device), prod,
+                      torch.tensor([float(prev_accepted)], device=prod.device)])
+
+
+@dataclass
+class WindowState:
+    """The window bookkeeping behind WINDOW_FEATURES, kept identically by the live policy,
+    the collector (oracle windows) and the simulator (any policy's windows)."""
+
+    prev_accepted: int = 0
+    window_prod: torch.Tensor | float = 1.0
+
+    def start(self) -> None:
+        self.window_prod = 1.0
+
+    def step(self, tok_feats: torch.Tensor, window_pos: int) -> torch.Tensor:
+        """Full FEATURES vector for the next token of the window; advances the running product."""
+        self.window_prod = tok_feats[_P_CHOSEN] * self.window_prod
+        return torch.cat([tok_feats, window_features(window_pos, self.window_prod, self.prev_accepted)])
+
+    def end(self, n_drafted: int, n_accepted: int) -> None:
+        if n_drafted > 0:
+            self.prev_accepted = n_accepted
