@@ -268,8 +268,11 @@ def target_generate(
     return speculative_generate(target, None, prompt_ids, None, cfg, eos_token_ids)
 
 
-def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeConfig, chat: bool | None = None) -> GenResult:
-    """Encode a prompt for `pair` and decode it under the policy `spec` (the CLI's `generate`)."""
+def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeConfig, chat: bool | None = None,
+             target_tokens: list[int] | None = None) -> GenResult:
+    """Encode a prompt for `pair` and decode it under the policy `spec` (the CLI's `generate`).
+
+    target_tokens: the target's greedy continuation if already known (the oracle needs it)."""
     config.validate()
     ids = pair.encode(prompt, chat)
     if len(ids) + config.max_new_tokens > pair.context_length:
@@ -283,6 +286,7 @@ def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeCon
     if spec.name == "oracle":
         if config.temperature > 0:
             raise DiscoError("the oracle policy is defined for greedy decoding only: use --temperature 0")
-        target_tokens = target_generate(pair.target, ids, config, pair.eos_token_ids).tokens
+        if target_tokens is None:
+            target_tokens = target_generate(pair.target, ids, config, pair.eos_token_ids).tokens
     policy = spec.build(target_tokens)
     return speculative_generate(pair.target, pair.draft, ids, policy, config, pair.eos_token_ids)

@@ -1,0 +1,185 @@
+"""`disco compare`: every policy on the same prompts, in one run, interleaved per prompt.
+
+For each prompt, target-only decoding runs first (it is the reference output, the oracle's
+knowledge and the speedup's denominator), then every policy in an order rotated per prompt,
+so that machine drift and cache warmth hit all policies alike. Outputs: a table, a JSON file
+with per-prompt numbers, and PNG plots.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from disco.decode import DecodeConfig, GenResult, GenStats, generate, target_generate
+from disco.errors import DiscoError
+from disco.files import atomic_write_json, atomic_write_text
+from disco.pair import Pair
+from disco.policy import PolicySpec
+from disco.prompts import Prompt
+
+HF_LABEL = "transformers"  # transformers' own generate(assistant_model=draft) with its defaults
+TARGET_LABEL = "target"
+
+
+@dataclass
+class Entry:
+    label: str  # the row name in the table
+    spec: PolicySpec | None  # None: transformers' assisted generation
+
+
+def default_entries(classifier: str | None = None, tuned_k: int | None = None,
+                    tuned_threshold: float | None = None, include_hf: bool = True) -> list[Entry]:
+    """The standard line-up: every policy, plus tuned baselines and the classifier when known."""
+    entries = [
+        Entry("constant k=5", PolicySpec("constant", k=5)),
+        Entry("heuristic", PolicySpec("heuristic")),
+        Entry("threshold 0.4", PolicySpec("threshold", threshold=0.4)),
+        Entry("threshold adaptive", PolicySpec("threshold", threshold=0.4, adaptive=True)),
+        Entry("oracle", PolicySpec("oracle")),
+    ]
+    if tuned_k is not None and tuned_k != 5:
+        entries.insert(1, Entry(f"constant k={tuned_k} (tuned)", PolicySpec("constant", k=tuned_k)))
+    if tuned_threshold is not None:
+        entries.insert(-1, Entry(f"threshold {tuned_threshold:.2f} (tuned)", PolicySpec("threshold", threshold=tuned_threshold)))
+    if classifier is not None:
+        entries.insert(-1, Entry("classifier", PolicySpec("classifier", classifier=classifier)))
+    if include_hf:
+        entries.append(Entry(HF_LABEL, None))
+    return entries
+
+
+class _CallCounter:
+    """Counts a module's forward calls (transformers' loop hides them from us)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.calls = 0
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, *_) -> None:
+        self.calls += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def hf_assisted_generate(pair: Pair, prompt_ids: list[int], config: DecodeConfig) -> GenResult:
+    """transformers' target.generate(assistant_model=draft), greedy, with transformers' defaults
+    (confidence threshold 0.4, adaptive when scikit-learn is installed, up to 20 draft tokens)."""
+    # transformers writes the adapted threshold back into the draft's generation config;
+    # restore it so every prompt starts from the defaults, as a fresh user would.
+    saved = copy.deepcopy(pair.draft.generation_config)
+    counters = (_CallCounter(pair.target), _CallCounter(pair.draft))
+    ids = torch.tensor([prompt_ids], device=pair.device)
+    try:
+        _sync(pair.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = pair.target.generate(
+                ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft, do_sample=False,
+                max_new_tokens=config.max_new_tokens, eos_token_id=sorted(pair.eos_token_ids),
+                pad_token_id=pair.tokenizer.pad_token_id,
+            )
+        _sync(pair.device)
+        wall = time.perf_counter() - t0
+    finally:
+        for c in counters:
+            c.close()
+        pair.draft.generation_config = saved
+    tokens = out[0, len(prompt_ids):].tolist()
+    stats = GenStats(new_tokens=len(tokens), wall_s=wall,
+                     target_forwards=counters[0].calls - 1, draft_forwards=counters[1].calls - 1)  # minus prefill
+    return GenResult(tokens, stats)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config: DecodeConfig,
+                out_dir: Path, chat: bool | None = None, progress: bool = True, plots: bool = True) -> dict:
+    """Run every entry on every prompt; write compare.json, table.md and plots into out_dir."""
+    if config.temperature != 0.0:
+        raise DiscoError("compare measures greedy decoding (lossless by construction): use --temperature 0")
+    from tqdm import tqdm
+
+    per_prompt: list[dict] = []
+    bar = tqdm(total=len(prompts) * (len(entries) + 1), desc="compare", unit="run", disable=not progress)
+    for i, item in enumerate(prompts):
+        ids = pair.encode(item.prompt, chat)
+        ref = target_generate(pair.target, ids, config, pair.eos_token_ids)
+        bar.update(1)
+        row = {"id": item.id, "task": item.task, "prompt_tokens": len(ids),
+               "runs": {TARGET_LABEL: _record(ref, ref)}}
+        shift = i % len(entries)
+        for entry in entries[shift:] + entries[:shift]:  # rotate the order per prompt
+            bar.set_postfix_str(f"{item.id}: {entry.label}")
+            if entry.spec is None:
+                res = hf_assisted_generate(pair, ids, config)
+            else:
+                res = generate(pair, item.prompt, entry.spec, config, chat, target_tokens=ref.tokens)
+            row["runs"][entry.label] = _record(res, ref)
+            bar.update(1)
+        per_prompt.append(row)
+    bar.close()
+
+    labels = [TARGET_LABEL] + [e.label for e in entries]
+    summary = {label: _summarise(label, per_prompt) for label in labels}
+    result = {"pair": pair.describe(), "config": config.__dict__, "n_prompts": len(prompts),
+              "summary": summary, "prompts": per_prompt}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "compare.json", result)
+    atomic_write_text(out_dir / "table.md", format_table(summary) + "\n")
+    if plots:
+        from disco.plots import write_plots
+
+        write_plots(result, out_dir)
+    return result
+
+
+def _record(res: GenResult, ref: GenResult) -> dict:
+    s = res.stats
+    return {**s.to_dict(), "lossless": res.tokens == ref.tokens, "speedup": ref.stats.wall_s / s.wall_s}
+
+
+def _summarise(label: str, per_prompt: list[dict]) -> dict:
+    runs = [p["runs"][label] for p in per_prompt]
+    base = [p["runs"][TARGET_LABEL] for p in per_prompt]
+    tokens = sum(r["new_tokens"] for r in runs)
+    wall = sum(r["wall_s"] for r in runs)
+    windows = [a for r in runs for a in r["accepted_per_window"]]
+    drafted = sum(r["drafted"] for r in runs)
+    return {
+        # pooled: total target-only time over total time of this policy, same tokens
+        "speedup": sum(b["wall_s"] for b in base) / wall if wall else 0.0,
+        "speedup_median": statistics.median(r["speedup"] for r in runs),
+        "speedup_min": min(r["speedup"] for r in runs),
+        "speedup_max": max(r["speedup"] for r in runs),
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "target_forwards_per_token": sum(r["target_forwards"] for r in runs) / tokens,
+        "draft_forwards_per_token": sum(r["draft_forwards"] for r in runs) / tokens,
+        "mean_accepted_window": statistics.fmean(windows) if windows else None,
+        "acceptance_rate": sum(r["accepted"] for r in runs) / drafted if drafted else None,
+        "lossless": all(r["lossless"] for r in runs),
+    }
+
+
+def format_table(summary: dict) -> str:
+    head = ("| policy | speedup | median (min–max) per prompt | tok/s | target fwd/tok | draft fwd/tok "
+            "| mean accepted/window | acceptance | = target |")
+    lines = [head, "|" + "---|" * 9]
+    for label, s in summary.items():
+        acc = "–" if s["mean_accepted_window"] is None else f"{s['mean_accepted_window']:.2f}"
+        rate = "–" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.0f}%"
+        lines.append(
+            f"| {label} | {s['speedup']:.2f}× | {s['speedup_median']:.2f} ({s['speedup_min']:.2f}–{s['speedup_max']:.2f}) "
+            f"| {s['tokens_per_s']:.2f} | {s['target_forwards_per_token']:.3f} | {s['draft_forwards_per_token']:.3f} "
+            f"| {acc} | {rate} | {'yes' if s['lossless'] else 'NO'} |"
+        )
+    return "\n".join(lines)
