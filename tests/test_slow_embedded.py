@@ -1,0 +1,31 @@
+"""The embedded Qwen2.5-Coder pair, end to end (slow: prepares the pair once, then minutes on CPU)."""
+
+import pytest
+
+from disco.decode import DecodeConfig, generate, target_generate
+from disco.policy import PolicySpec
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Write a Python function that returns the square of x.", "Say hello in French."]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from disco.pair import load_pair
+
+    return load_pair()
+
+
+def test_embedded_pair_is_lossless_for_every_policy(pair):
+    config = DecodeConfig(max_new_tokens=12)
+    assert pair.eos_token_ids >= {151645}
+    for prompt in PROMPTS:
+        ids = pair.encode(prompt)
+        ref = target_generate(pair.target, ids, config, pair.eos_token_ids)
+        assert ref.stats.new_tokens > 0
+        for spec in (PolicySpec("constant", k=5), PolicySpec("heuristic"), PolicySpec("threshold"),
+                     PolicySpec("oracle")):
+            res = generate(pair, prompt, spec, config, target_tokens=ref.tokens)
+            assert res.tokens == ref.tokens, (spec.name, pair.decode(res.tokens), pair.decode(ref.tokens))
+        assert pair.decode(ref.tokens).strip()
