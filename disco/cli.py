@@ -8,9 +8,14 @@ from typing import Optional
 
 import typer
 
+from disco.collect import DEFAULT_SHARD_PROMPTS
+from disco.cpu import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.decode import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
 from disco.errors import DiscoError
 from disco.policy import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, POLICY_NAMES, PolicySpec
+from disco.profile import DEFAULT_CONTEXT, DEFAULT_REPEATS, DEFAULT_WARMUP
+from disco.simulate import DEFAULT_DRAFT_COST, DEFAULT_VERIFY_SLOPE
+from disco.train import TrainConfig
 
 app = typer.Typer(
     help="disco: a learned draft-stopping policy for speculative decoding (DISCO, arXiv 2405.04304).",
@@ -26,6 +31,8 @@ TargetOpt = typer.Option(None, help="Target model: HF model id, local folder or 
 DraftOpt = typer.Option(None, help="Draft model sharing the target's tokenizer (default: embedded pair).")
 DeviceOpt = typer.Option("auto", help="auto (cuda if available, else cpu), cpu or cuda.")
 DtypeOpt = typer.Option("auto", help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16.")
+CpuBackendOpt = typer.Option(DEFAULT_CPU_BACKEND, help="How the CPU computes Linear layers (ignored on cuda): "
+                             + "; ".join(f"{b}: {CPU_BACKEND_HELP[b]}" for b in CPU_BACKENDS) + ".")
 
 
 def _say(msg: str) -> None:
@@ -40,6 +47,9 @@ def generate(
     k: int = typer.Option(DEFAULT_K, help="constant: window length; heuristic: first window length."),
     threshold: float = typer.Option(DEFAULT_THRESHOLD, help="threshold: stop after a draft token less likely than this."),
     adaptive: bool = typer.Option(False, help="threshold: re-tune it after each window (transformers' ROC rule)."),
+    classifier: Optional[str] = typer.Option(None, help="classifier: the trained artifact folder (disco train --out)."),
+    classifier_threshold: Optional[float] = typer.Option(None, help="classifier: override the artifact's tuned threshold."),
+    trust_pickle: bool = typer.Option(False, help="classifier: allow a joblib/pickle artifact (it can run code)."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
     max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),
     temperature: float = typer.Option(0.0, help="0 = greedy (identical to the target's greedy output)."),
@@ -52,6 +62,7 @@ def generate(
     draft: Optional[str] = DraftOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
+    cpu_backend: str = CpuBackendOpt,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
     from disco.decode import generate as run_generate
@@ -61,12 +72,13 @@ def generate(
 
     if (prompt is None) == (prompts is None):
         raise DiscoError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
-    spec = PolicySpec(policy, k=k, threshold=threshold, adaptive=adaptive)
+    spec = PolicySpec(policy, k=k, threshold=threshold, adaptive=adaptive, classifier=classifier,
+                      classifier_threshold=classifier_threshold, trust_pickle=trust_pickle)
     config = DecodeConfig(max_new_tokens, max_window, temperature, top_p, seed)
     config.validate()
     items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompts(prompts, limit)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype)
+    pair = load_pair(target, draft, device, dtype, cpu_backend)
     records = []
     for item in items:
         res = run_generate(pair, item.prompt, spec, config, chat)
@@ -78,6 +90,130 @@ def generate(
     if json_out is not None:
         atomic_write_json(json_out, {"pair": pair.describe(), "config": config.__dict__, "results": records})
         _say(f"wrote {json_out}")
+
+
+@app.command()
+def compare(
+    prompts: list[Path] = typer.Option(..., "--prompts", help="JSONL prompt file(s), e.g. data/code-test.jsonl."),
+    out: Path = typer.Option(Path("runs/compare"), help="Folder for compare.json, table.md and the plots."),
+    classifier: Optional[str] = typer.Option(None, help="Trained classifier artifact folder (adds the classifier policy)."),
+    tuned_k: Optional[int] = typer.Option(None, help="Also run constant k at this (tuned) value."),
+    tuned_threshold: Optional[float] = typer.Option(None, help="Also run the threshold policy at this (tuned) value."),
+    hf: bool = typer.Option(True, "--hf/--no-hf", help="Include transformers' generate(assistant_model=draft)."),
+    limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each file."),
+    max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
+    max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."),
+    target: Optional[str] = TargetOpt,
+    draft: Optional[str] = DraftOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+) -> None:
+    """Every policy (and transformers' own assisted generation) on the same prompts, in one run."""
+    from disco.compare import default_entries, run_compare
+    from disco.pair import load_pair
+    from disco.prompts import load_prompts
+
+    config = DecodeConfig(max_new_tokens=max_new_tokens, max_window=max_window)
+    config.validate()
+    items = [p for f in prompts for p in load_prompts(f, limit)]
+    entries = default_entries(classifier, tuned_k, tuned_threshold, include_hf=hf)
+    _say("loading the pair …")
+    pair = load_pair(target, draft, device, dtype)
+    result = run_compare(pair, items, entries, config, out, chat)
+    from disco.compare import format_table
+
+    typer.echo(format_table(result["summary"]))
+    _say(f"wrote {out}/compare.json, table.md and plots")
+
+
+@app.command()
+def collect(
+    prompts: list[str] = typer.Option(..., "--prompts", help="Prompts: a JSONL file, a shipped set (code-train), or "
+                                      "hf:NAME[:SPLIT][=LOCAL_COPY] with NAME mbpp, alpaca, cnn_dailymail or humaneval. "
+                                      "Repeat or comma-separate to put several in one trace."),
+    out: Path = typer.Option(..., "--out", help="Trace folder: Parquet shards + manifest.json (e.g. traces/NAME)."),
+    max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate per prompt at most."),
+    max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most (shapes the oracle's windows)."),
+    limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each source."),
+    overwrite: bool = typer.Option(False, help="Replace what --out holds (another pair, feature list or settings)."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."),
+    shard_prompts: int = typer.Option(DEFAULT_SHARD_PROMPTS, help="Prompts per Parquet shard (a hard kill loses at most this many, or 2 minutes of work)."),
+    target: Optional[str] = TargetOpt,
+    draft: Optional[str] = DraftOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+) -> None:
+    """Oracle traces: draft features with accept/reject labels at every position of the target's
+    greedy output. Rerun the same command to resume. Several processes split the prompts:
+    `accelerate launch --num_processes N cli.py collect …` (GPUs) or
+    `torchrun --standalone --nproc_per_node N cli.py collect …` (also on CPU)."""
+    from disco.collect import collect as run_collect
+    from disco.collect import distributed, format_summary
+    from disco.pair import load_pair
+    from disco.prompts import load_prompt_sources
+
+    config = DecodeConfig(max_new_tokens=max_new_tokens, max_window=max_window)
+    config.validate()
+    items = load_prompt_sources(prompts, limit)
+    with distributed() as dist:
+        if dist.rank == 0:
+            _say(f"loading the pair … ({len(items)} prompts, {dist.world} process{'es' * (dist.world > 1)})")
+        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype))
+        stats = run_collect(pair, items, out, config, chat=chat, overwrite=overwrite, dist=dist, sources=prompts,
+                            shard_prompts=shard_prompts)
+    _say(stats.summary())
+    if stats.manifest is not None:
+        typer.echo(format_summary(stats.manifest["status"]["summary"]))
+        _say(f"wrote {out}")
+
+
+@app.command()
+def train(
+    traces: list[Path] = typer.Option(..., "--traces", help="Trace folder(s) written by disco collect (repeat for several)."),
+    out: Path = typer.Option(..., "--out", help="Artifact folder to write, e.g. models/NAME."),
+    model: str = typer.Option(TrainConfig.model, help="Classifier: lightgbm, logistic or mlp."),
+    profile: Optional[Path] = typer.Option(None, help="Cost model: JSON from disco profile (default: c_d/c_t(1) = "
+                                           f"{DEFAULT_DRAFT_COST}, c_t(k)/c_t(1) = 1 + {DEFAULT_VERIFY_SLOPE} (k - 1))."),
+    max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most, as when decoding."),
+    val_fraction: float = typer.Option(TrainConfig.val_fraction, help="Share of prompts held out for metrics and tuning."),
+    seed: int = typer.Option(TrainConfig.seed, help="Split and model seed."),
+    balanced: bool = typer.Option(TrainConfig.balanced, help="Reweight accepted/rejected tokens to equal weight."),
+    ablate: bool = typer.Option(TrainConfig.ablate, help="Also report DISCO's inputs only and each added feature group removed."),
+) -> None:
+    """Train the stopping classifier; choose its threshold (and tune the baselines) by simulated speedup."""
+    from disco.train import train as run_train
+
+    report = run_train(TrainConfig(traces, out, model, profile, max_window, val_fraction, seed, balanced, ablate))
+    typer.echo(report.markdown())
+    _say(f"wrote {out}")
+
+
+@app.command()
+def profile(
+    out: Optional[Path] = typer.Option(None, help="Profile JSON to write (default: under the cache root, keyed by pair and hardware)."),
+    max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Measure c_t(k) for k = 1 .. max window + 1."),
+    context: int = typer.Option(DEFAULT_CONTEXT, help="Prompt tokens in the KV cache while timing."),
+    repeats: int = typer.Option(DEFAULT_REPEATS, help="Timed forwards per measurement (the median is kept)."),
+    warmup: int = typer.Option(DEFAULT_WARMUP, help="Untimed forwards before each measurement."),
+    target: Optional[str] = TargetOpt,
+    draft: Optional[str] = DraftOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    cpu_backend: str = CpuBackendOpt,
+) -> None:
+    """Measure the pair's cost model on this machine: draft step c_d, target verification c_t(k)."""
+    from disco.files import atomic_write_json
+    from disco.pair import load_pair
+    from disco.profile import default_profile_path, format_profile, profile_pair
+
+    _say("loading the pair …")
+    pair = load_pair(target, draft, device, dtype, cpu_backend)
+    result = profile_pair(pair, max_window, context, repeats, warmup)
+    path = out if out is not None else default_profile_path(pair)
+    atomic_write_json(path, result)
+    typer.echo(format_profile(result))
+    _say(f"wrote {path} (use it with: disco train --profile {path})")
 
 
 @models_app.command("prepare")

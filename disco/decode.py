@@ -288,5 +288,5 @@ def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeCon
             raise DiscoError("the oracle policy is defined for greedy decoding only: use --temperature 0")
         if target_tokens is None:
             target_tokens = target_generate(pair.target, ids, config, pair.eos_token_ids).tokens
-    policy = spec.build(target_tokens)
+    policy = spec.build(target_tokens, pair)
     return speculative_generate(pair.target, pair.draft, ids, policy, config, pair.eos_token_ids)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from disco.cpu import DEFAULT_CPU_BACKEND, apply_cpu_backend, check_cpu_backend, cpu_backend_of
 from disco.errors import DiscoError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -31,6 +32,15 @@ class Pair:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: frozenset[int]  # generation stops after any of these
+
+    def token_classes(self) -> torch.Tensor:
+        """(vocab,) class index of every token (features.token_class_table), on the device; built once."""
+        if getattr(self, "_token_classes", None) is None:
+            from disco.features import token_class_table
+
+            vocab = int(getattr(self.draft.config, "vocab_size", 0) or len(self.tokenizer))
+            self._token_classes = token_class_table(self.tokenizer, vocab).to(self.device)
+        return self._token_classes
 
     @property
     def has_chat_template(self) -> bool:
@@ -55,6 +65,8 @@ class Pair:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "tokenizer_hash": tokenizer_hash(self.tokenizer),
+            # how the CPU computes the Linear layers (disco/cpu.py); int8 changes the numbers
+            "cpu_backend": cpu_backend_of(self.target) if self.device.type == "cpu" else None,
         }
 
 
@@ -185,8 +197,11 @@ def load_pair(
     draft: str | None = None,
     device: str = "auto",
     dtype: str = "auto",
+    cpu_backend: str = DEFAULT_CPU_BACKEND,
 ) -> Pair:
-    """Load a pair; with neither model given, the embedded Qwen2.5-Coder pair."""
+    """Load a pair; with neither model given, the embedded Qwen2.5-Coder pair.
+    On the CPU, both models' Linear layers use `cpu_backend` (disco/cpu.py)."""
+    check_cpu_backend(cpu_backend)
     if (target is None) != (draft is None):
         raise DiscoError("give both --target and --draft, or neither (the embedded default pair)")
     if target is None:
@@ -203,6 +218,9 @@ def load_pair(
     check_same_tokenizer(target_tok, load_tokenizer(draft), *names)
     target_model = load_model(target, dev, dt)
     draft_model = load_model(draft, dev, dt)
+    if dev.type == "cpu":
+        apply_cpu_backend(target_model, cpu_backend)
+        apply_cpu_backend(draft_model, cpu_backend)
     return Pair(target_model, draft_model, target_tok, names[0], names[1], dev, dt, eos_ids(target_model, target_tok))
 
 

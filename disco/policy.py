@@ -162,8 +162,8 @@ class OraclePolicy:
         pass
 
     def should_stop(self, step: DraftStep) -> bool:
-        if step.gen_pos >= len(self.target_tokens):
-            return True
+        if step.gen_pos >= len(self.target_tokens) - 1:
+            return True  # the target's output ends here (EOS or budget): nothing further can be accepted
         return int(step.token) != self.target_tokens[step.gen_pos]
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
@@ -179,12 +179,23 @@ class PolicySpec:
     threshold: float = DEFAULT_THRESHOLD  # threshold: stop after a token with draft probability below this
     adaptive: bool = False  # threshold: transformers' ROC update of the threshold after each window
     classifier: str | None = None  # classifier: path of the trained artifact
+    classifier_threshold: float | None = None  # classifier: override the artifact's tuned threshold
+    trust_pickle: bool = False  # classifier: allow a joblib (pickle) artifact, which can run code
 
     def __post_init__(self) -> None:
         if self.name not in POLICY_NAMES:
             raise DiscoError(f"unknown policy {self.name!r}: choose one of {', '.join(POLICY_NAMES)}")
 
-    def build(self, target_tokens: Sequence[int] | None = None) -> StoppingPolicy:
+    def build(self, target_tokens: Sequence[int] | None = None, pair=None) -> StoppingPolicy:
+        """A fresh policy for one generation; the oracle needs `target_tokens`, the classifier `pair`."""
+        if self.name == "classifier":
+            if self.classifier is None:
+                raise DiscoError("the classifier policy needs a trained artifact: pass --classifier models/NAME")
+            if pair is None:
+                raise DiscoError("the classifier policy needs the pair it runs on")
+            from disco.classifier import ClassifierPolicy
+
+            return ClassifierPolicy.for_pair(self.classifier, pair, self.classifier_threshold, self.trust_pickle)
         return make_policy(self.name, k=self.k, threshold=self.threshold, adaptive=self.adaptive,
                            target_tokens=target_tokens)
 

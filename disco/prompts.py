@@ -1,10 +1,12 @@
-"""Prompt sets: JSONL files of {"id", "task", "prompt"} (or "messages" instead of "prompt")."""
+"""Prompt sets: JSONL files of {"id", "task", "prompt"} (or "messages" instead of "prompt"),
+the sets shipped in data/ by name, and Hugging Face datasets (`hf:mbpp`, …) mapped to the same schema."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
 from disco.errors import DiscoError
 
@@ -21,33 +23,171 @@ class Prompt:
 def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
     """Read a JSONL prompt file; every problem is a DiscoError naming the file and line."""
     path = Path(path)
+    if limit is not None and limit < 1:
+        raise DiscoError(f"--limit must be at least 1 (got {limit})")
     if not path.is_file():
         shipped = sorted(p.name for p in DATA_DIR.glob("*.jsonl")) if DATA_DIR.is_dir() else []
         hint = f" (shipped sets: {', '.join(shipped)})" if shipped else ""
         raise DiscoError(f"prompt file not found: {path}{hint}")
     prompts: list[Prompt] = []
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DiscoError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from e
-            if not isinstance(row, dict):
-                raise DiscoError(f"{path}:{n}: expected a JSON object with \"id\", \"task\" and \"prompt\"")
-            text = row.get("prompt", row.get("messages"))
-            missing = [k for k, v in (("id", row.get("id")), ("prompt", text)) if v in (None, "", [])]
-            if missing:
-                raise DiscoError(f"{path}:{n}: missing field {', '.join(missing)} (need \"id\" and \"prompt\" or \"messages\")")
-            pid = str(row["id"])
-            if pid in seen:
-                raise DiscoError(f"{path}:{n}: duplicate id {pid!r}: ids must be unique")
-            seen.add(pid)
-            prompts.append(Prompt(pid, str(row.get("task", "default")), text))
-            if limit is not None and len(prompts) >= limit:
-                break
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DiscoError(f"{path} is not UTF-8 text: a prompt file is JSON Lines ({e.reason} at byte {e.start})") from e
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DiscoError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from e
+        if not isinstance(row, dict):
+            raise DiscoError(f"{path}:{n}: expected a JSON object with \"id\", \"task\" and \"prompt\"")
+        text = row.get("prompt", row.get("messages"))
+        missing = [k for k, v in (("id", row.get("id")), ("prompt", text)) if v in (None, "", [])]
+        if missing:
+            raise DiscoError(f"{path}:{n}: missing field {', '.join(missing)} (need \"id\" and \"prompt\" or \"messages\")")
+        if not isinstance(text, (str, list)):
+            raise DiscoError(f"{path}:{n}: \"prompt\" must be text (or \"messages\" a list of {{role, content}})")
+        pid = str(row["id"])
+        if pid in seen:
+            raise DiscoError(f"{path}:{n}: duplicate id {pid!r}: ids must be unique")
+        seen.add(pid)
+        prompts.append(Prompt(pid, str(row.get("task", "default")), text))
+        if limit is not None and len(prompts) >= limit:
+            break
     if not prompts:
         raise DiscoError(f"{path} holds no prompts: write one JSON object per line")
+    return prompts
+
+
+# --- several sources, shipped set names, Hugging Face datasets ------------------------------
+
+HF_PREFIX = "hf:"
+
+
+@dataclass(frozen=True)
+class HFPromptSet:
+    """How one Hugging Face dataset maps to {id, task, prompt}."""
+
+    repo: str  # dataset id on the hub
+    config: str | None  # dataset configuration (None: the default one)
+    split: str  # split used when the spec names none
+    task: str  # the task every prompt of the set gets
+    id_field: str | None  # column with a stable id (None: the row index)
+    template: Callable[[dict], str]  # a dataset row -> the prompt text
+
+
+def _mbpp(row: dict) -> str:  # the MBPP paper's prompt: the problem, then the tests to pass
+    return f"{row['text']}\nYour code should pass these tests:\n\n" + "\n".join(row["test_list"])
+
+
+def _alpaca(row: dict) -> str:
+    return f"{row['instruction']}\n\n{row['input']}" if row.get("input") else row["instruction"]
+
+
+def _cnn_dailymail(row: dict) -> str:
+    return f"Summarize the following news article in a few sentences.\n\n{row['article']}"
+
+
+def _humaneval(row: dict) -> str:
+    return f"Complete the following Python function.\n\n```python\n{row['prompt']}```"
+
+
+# The DISCO paper's tasks: code (MBPP, HumanEval), summarisation (CNN/DailyMail), instructions (Alpaca).
+HF_PROMPT_SETS: dict[str, HFPromptSet] = {
+    "mbpp": HFPromptSet("google-research-datasets/mbpp", "full", "train", "code", "task_id", _mbpp),
+    "alpaca": HFPromptSet("tatsu-lab/alpaca", None, "train", "instruct", None, _alpaca),
+    "cnn_dailymail": HFPromptSet("abisee/cnn_dailymail", "3.0.0", "train", "summarize", "id", _cnn_dailymail),
+    "humaneval": HFPromptSet("openai/openai_humaneval", None, "test", "code", "task_id", _humaneval),
+}
+_DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def load_hf_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
+    """Prompts from a Hugging Face dataset: `hf:NAME[:SPLIT][=PATH]`.
+
+    NAME is one of HF_PROMPT_SETS; without PATH the dataset comes from the hub (or the HF cache
+    when offline); PATH is a local copy instead: a `save_to_disk` folder, a folder of data files,
+    or one .parquet/.jsonl/.csv file with the dataset's own columns."""
+    body = spec.removeprefix(HF_PREFIX)
+    body, _, path = body.partition("=")
+    name, _, split = body.partition(":")
+    if name not in HF_PROMPT_SETS:
+        raise DiscoError(f"unknown dataset {spec!r}: choose hf:NAME with NAME one of {', '.join(HF_PROMPT_SETS)}")
+    hps = HF_PROMPT_SETS[name]
+    split = split or hps.split
+    rows = _hf_rows(hps, split, Path(path).expanduser() if path else None, spec)
+    prompts: list[Prompt] = []
+    for i, row in enumerate(rows):
+        if limit is not None and len(prompts) >= limit:
+            break
+        try:
+            text = hps.template(row)
+            key = i if hps.id_field is None else row[hps.id_field]
+        except (KeyError, TypeError) as e:
+            raise DiscoError(f"{spec}: row {i} lacks the {name} column {e}: is this the {hps.repo} dataset?") from e
+        # "HumanEval/0" -> "humaneval-0": ids stay file-name and shell friendly
+        prompts.append(Prompt(f"{name}-{str(key).rsplit('/', 1)[-1]}", hps.task, text))
+    if not prompts:
+        raise DiscoError(f"{spec} holds no rows in split {split!r}")
+    return prompts
+
+
+def _hf_rows(hps: HFPromptSet, split: str, path: Path | None, spec: str):
+    """The rows of one split, from the hub or a local copy; every failure is one DiscoError."""
+    try:
+        import datasets
+    except ImportError as e:  # a hard dependency; only a broken install gets here
+        raise DiscoError("hf: prompt sets need the `datasets` package: pip install datasets") from e
+    try:
+        if path is None:
+            return datasets.load_dataset(hps.repo, hps.config, split=split)
+        if not path.exists():
+            raise DiscoError(f"{spec}: no such file or folder {path}")
+        if path.is_dir() and any((path / f).exists() for f in ("dataset_info.json", "dataset_dict.json")):
+            ds = datasets.load_from_disk(str(path))
+            return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        if path.is_dir():
+            return datasets.load_dataset(str(path), split=split)
+        if path.suffix not in _DATA_FILE_BUILDERS:
+            raise DiscoError(f"{spec}: {path.name} is not a {', '.join(_DATA_FILE_BUILDERS)} file or a dataset folder")
+        return datasets.load_dataset(_DATA_FILE_BUILDERS[path.suffix], data_files={split: str(path)}, split=split)
+    except DiscoError:
+        raise
+    except Exception as e:  # network, hub, missing split, unreadable file: many exception types, one fix
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = str(path) if path is not None else f"the hub ({hps.repo}; needs the network once, then the HF cache)"
+        raise DiscoError(f"could not load {spec} split {split!r} from {where}: {first}") from e
+
+
+def load_prompt_source(source: str, limit: int | None = None) -> list[Prompt]:
+    """One prompt source: `hf:NAME…`, a JSONL file, or the name of a shipped set (`code-train`)."""
+    if source.startswith(HF_PREFIX):
+        return load_hf_prompts(source, limit)
+    path = Path(source)
+    shipped = DATA_DIR / f"{source}.jsonl"
+    if not path.exists() and path.name == source and shipped.is_file():
+        path = shipped
+    return load_prompts(path, limit)
+
+
+def load_prompt_sources(sources: Sequence[str], limit: int | None = None) -> list[Prompt]:
+    """Prompts of several sources in order (each may be a comma list); `limit` applies per source.
+
+    Ids must be unique across sources: traces and resumption key on them."""
+    if limit is not None and limit < 1:
+        raise DiscoError(f"--limit must be at least 1 (got {limit})")
+    names = [s.strip() for item in sources for s in item.split(",") if s.strip()]
+    if not names:
+        raise DiscoError("no prompt source given: pass --prompts FILE.jsonl, a shipped set name or hf:NAME")
+    prompts: list[Prompt] = []
+    origin: dict[str, str] = {}
+    for name in names:
+        for p in load_prompt_source(name, limit):
+            if p.id in origin:
+                raise DiscoError(f"prompt id {p.id!r} is in both {origin[p.id]} and {name}: ids must be unique")
+            origin[p.id] = name
+            prompts.append(p)
     return prompts

@@ -28,5 +28,6 @@ LABEL_COLUMNS = (
     "overlap",  # float: 1 - TV(target, draft) = sum_x min(p(x), q(x)), acceptance rate when sampling
     "target_top1",  # float: the target's top-1 probability (analysis only: never a feature)
 )
-COLUMNS = ID_COLUMNS + FEATURES + LABEL_COLUMNS
+# gen_pos is both an id column and a feature: listed once.
+COLUMNS = ID_COLUMNS + tuple(f for f in FEATURES if f not in ID_COLUMNS) + LABEL_COLUMNS
 MANIFEST = "manifest.json"

@@ -1,0 +1,319 @@
+"""Trained classifier artifacts: a folder that loads without executing code.
+
+    models/NAME/
+      manifest.json   features (+ hash), pair and tokenizer hash, threshold, metrics, training
+                      data, versions, and the model file's sha256 (written last)
+      model.txt       LightGBM's text model            (kind "lightgbm")
+      model.json      weights of a logistic regression (kind "logistic") or small MLP ("mlp")
+      model.joblib    any other sklearn-style estimator: a pickle, loaded only with trust_pickle
+      metrics.md      the training report (metrics, speedup table, ablation)
+
+Every model reads the full FEATURES vector (features.py); one trained on a subset (the
+ablation) records the columns it uses. Loading refuses a feature list other than this
+disco's FEATURES, a model file whose sha256 differs from the manifest, and a pair other
+than `expect_pair`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from disco.errors import DiscoError
+from disco.features import FEATURES
+from disco.files import atomic_write_json, atomic_write_text
+
+ARTIFACT_FORMAT = 1  # bump when the folder layout changes
+MANIFEST = "manifest.json"
+METRICS = "metrics.md"
+MODEL_FILES = {"lightgbm": "model.txt", "logistic": "model.json", "mlp": "model.json", "joblib": "model.joblib"}
+_ACTIVATIONS = ("identity", "relu", "tanh", "logistic")
+
+
+def features_hash(features: Sequence[str] = FEATURES) -> str:
+    return hashlib.sha256(json.dumps(list(features)).encode()).hexdigest()[:16]
+
+
+def _as_2d(X: np.ndarray) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float64)
+    X = X.reshape(1, -1) if X.ndim == 1 else X
+    if X.ndim != 2 or X.shape[1] != len(FEATURES):
+        raise DiscoError(f"expected rows of {len(FEATURES)} features (FEATURES order), got shape {X.shape}")
+    return X
+
+
+# --- models ------------------------------------------------------------------------------------
+
+
+class DenseModel:
+    """Standardise, then dense layers with a hidden activation and a sigmoid output.
+
+    Logistic regression is the case with one layer; sklearn's MLPClassifier the general one.
+    Plain arrays: they serialise to JSON and run in numpy (simulator, host) or torch (device)."""
+
+    def __init__(self, kind: str, mean: np.ndarray, scale: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]],
+                 activation: str = "identity", columns: Sequence[int] | None = None) -> None:
+        if activation not in _ACTIVATIONS:
+            raise DiscoError(f"unknown activation {activation!r}")
+        self.kind, self.activation = kind, activation
+        self.mean, self.scale = np.asarray(mean, np.float64), np.asarray(scale, np.float64)
+        self.layers = [(np.asarray(W, np.float64), np.asarray(b, np.float64)) for W, b in layers]
+        self.columns = list(columns) if columns is not None else list(range(len(FEATURES)))
+
+    @classmethod
+    def from_sklearn(cls, pipeline, columns: Sequence[int] | None = None) -> DenseModel:
+        """From Pipeline(StandardScaler, LogisticRegression | MLPClassifier)."""
+        scaler, clf = pipeline[0], pipeline[-1]
+        if hasattr(clf, "coefs_"):  # MLPClassifier
+            layers = list(zip(clf.coefs_, clf.intercepts_))
+            return cls("mlp", scaler.mean_, scaler.scale_, layers, clf.activation, columns)
+        return cls("logistic", scaler.mean_, scaler.scale_, [(clf.coef_.T, clf.intercept_)], "identity", columns)
+
+    def _hidden(self, z):  # numpy arrays and torch tensors alike
+        if self.activation == "relu":
+            return z * (z > 0)
+        if self.activation == "tanh":
+            return z.tanh() if isinstance(z, torch.Tensor) else np.tanh(z)
+        if self.activation == "logistic":
+            return z.sigmoid() if isinstance(z, torch.Tensor) else 1.0 / (1.0 + np.exp(-z))
+        return z
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        z = (_as_2d(X)[:, self.columns] - self.mean) / self.scale
+        for i, (W, b) in enumerate(self.layers):
+            z = z @ W + b
+            if i < len(self.layers) - 1:
+                z = self._hidden(z)
+        return 1.0 / (1.0 + np.exp(-z[:, 0]))
+
+    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+        """(F,) float tensor on `device` -> 0-dim P(accept), computed on the device in float32."""
+        t = lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)  # noqa: E731
+        cols, mean, scale = torch.as_tensor(self.columns, device=device), t(self.mean), t(self.scale)
+        layers = [(t(W), t(b)) for W, b in self.layers]
+
+        def predict(x: torch.Tensor) -> torch.Tensor:
+            z = (x.float()[cols] - mean) / scale
+            for i, (W, b) in enumerate(layers):
+                z = z @ W + b
+                if i < len(layers) - 1:
+                    z = self._hidden(z)
+            return torch.sigmoid(z[0])
+
+        return predict
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "activation": self.activation, "columns": self.columns,
+                "mean": self.mean.tolist(), "scale": self.scale.tolist(),
+                "layers": [{"W": W.tolist(), "b": b.tolist()} for W, b in self.layers]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> DenseModel:
+        layers = [(np.array(layer["W"]), np.array(layer["b"])) for layer in data["layers"]]
+        return cls(data["kind"], np.array(data["mean"]), np.array(data["scale"]), layers, data["activation"],
+                   data["columns"])
+
+
+class LightGBMModel:
+    """A LightGBM booster over FEATURES[columns]; runs on the host."""
+
+    kind = "lightgbm"
+
+    def __init__(self, booster, columns: Sequence[int] | None = None) -> None:
+        self.booster = booster
+        self.columns = list(columns) if columns is not None else list(range(len(FEATURES)))
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        # One thread: per-call thread start-up dominates the small batches of the simulator and
+        # the single rows of the live policy (80 us vs 300 us a row here).
+        return self.booster.predict(_as_2d(X)[:, self.columns], num_threads=1)
+
+    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+        """LightGBM has no device path: copy the (F,) features to the host and predict there."""
+        return lambda x: torch.tensor(self.predict_proba(x.detach().double().cpu().numpy())[0])
+
+    def to_text(self) -> str:
+        return self.booster.model_to_string()
+
+    @classmethod
+    def from_text(cls, text: str, columns: Sequence[int] | None = None) -> LightGBMModel:
+        import lightgbm
+
+        return cls(lightgbm.Booster(model_str=text), columns)
+
+
+class JoblibModel:
+    """Any estimator with predict_proba, pickled: only ever loaded with an explicit trust_pickle."""
+
+    kind = "joblib"
+
+    def __init__(self, estimator, columns: Sequence[int] | None = None) -> None:
+        self.estimator = estimator
+        self.columns = list(columns) if columns is not None else list(range(len(FEATURES)))
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        return self.estimator.predict_proba(_as_2d(X)[:, self.columns])[:, 1]
+
+    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda x: torch.tensor(self.predict_proba(x.detach().double().cpu().numpy())[0])
+
+
+Model = DenseModel | LightGBMModel | JoblibModel
+
+
+# --- the artifact ------------------------------------------------------------------------------
+
+
+@dataclass
+class Artifact:
+    path: Path
+    manifest: dict
+    model: Model
+
+    @property
+    def threshold(self) -> float:
+        return float(self.manifest["threshold"])
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["kind"]
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """(n, len(FEATURES)) or (len(FEATURES),) -> (n,) probability that the target accepts the token."""
+        return self.model.predict_proba(X)
+
+    def torch_predictor(self, device: torch.device | str) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A callable on a (F,) feature tensor returning a 0-dim P(accept): on `device` for
+        logistic/MLP, via the host for LightGBM."""
+        return self.model.torch_predictor(torch.device(device))
+
+
+def versions() -> dict[str, str]:
+    import disco
+
+    out = {"disco": disco.__version__, "python": platform.python_version()}
+    for dist in ("torch", "transformers", "numpy", "scikit-learn", "lightgbm"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _readable(folder: Path, names: Sequence[str]) -> None:
+    """Give our files the folder's read/write bits (atomic writes create them 0600): artifacts
+    are meant to be shared and committed."""
+    mode = folder.stat().st_mode & 0o666
+    for name in names:
+        if (folder / name).is_file():
+            (folder / name).chmod(mode)
+
+
+def save_artifact(folder: str | Path, model: Model, manifest: dict, report_md: str = "",
+                  trust_pickle: bool = False) -> Path:
+    """Write the model file, the report and, last, the manifest (so that a folder interrupted
+    mid-write never pairs a manifest with a model it does not describe). `manifest` holds the
+    training-side fields (threshold, pair, metrics, training data, …)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model_file = folder / MODEL_FILES[model.kind]
+    if isinstance(model, LightGBMModel):
+        atomic_write_text(model_file, model.to_text())
+    elif isinstance(model, DenseModel):
+        atomic_write_json(model_file, model.to_json())
+    else:
+        if not trust_pickle:
+            raise DiscoError("this model can only be saved as a pickle (joblib): pass --trust-pickle to allow it")
+        import joblib
+
+        joblib.dump(model.estimator, model_file)
+    if report_md:
+        atomic_write_text(folder / METRICS, report_md)
+    atomic_write_json(folder / MANIFEST, {
+        "format": ARTIFACT_FORMAT,
+        "kind": model.kind,
+        "model_file": model_file.name,
+        "model_sha256": _sha256(model_file),
+        "features": list(FEATURES),
+        "features_hash": features_hash(),
+        "columns": [FEATURES[i] for i in model.columns],  # the features the model reads
+        **manifest,
+        "versions": versions(),
+    })
+    _readable(folder, (model_file.name, METRICS, MANIFEST))
+    return folder
+
+
+def _check_pair(manifest: dict, expect_pair, path: Path) -> None:
+    """Refuse an artifact trained for another pair (different tokenizer or models)."""
+    want = expect_pair.describe() if hasattr(expect_pair, "describe") else dict(expect_pair)
+    have = manifest.get("pair") or {}
+    if have.get("tokenizer_hash") and want.get("tokenizer_hash") and have["tokenizer_hash"] != want["tokenizer_hash"]:
+        raise DiscoError(f"{path} was trained for a pair with another tokenizer ({have['tokenizer_hash']}, "
+                         f"this pair's is {want['tokenizer_hash']}): train a classifier on this pair's traces")
+    for role in ("target", "draft"):
+        # compare model names, not paths: a moved model folder is the same model
+        a, b = have.get(role), want.get(role)
+        if a and b and Path(str(a)).name != Path(str(b)).name:
+            raise DiscoError(f"{path} was trained for {role} {a}, not {b}: train a classifier on this pair's traces")
+
+
+def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False) -> Artifact:
+    """Load and check an artifact folder. expect_pair: a Pair (or its describe() dict) the
+    classifier must have been trained for. Pickled models need trust_pickle=True."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise DiscoError(f"{path} is not a classifier artifact (no {MANIFEST}): train one with disco train") from None
+    except ValueError as e:
+        raise DiscoError(f"{path / MANIFEST} is not valid JSON ({e}): the artifact is damaged") from None
+    try:
+        kind, model_file, features = manifest["kind"], path / manifest["model_file"], manifest["features"]
+        float(manifest["threshold"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise DiscoError(f"{path / MANIFEST} lacks or garbles a required field ({e}): the artifact is damaged") from None
+    if list(features) != list(FEATURES) or manifest.get("features_hash") != features_hash():
+        missing = [f for f in FEATURES if f not in features]
+        extra = [f for f in features if f not in FEATURES]
+        raise DiscoError(f"{path} was trained on another feature list than this disco's (missing {missing}, extra "
+                         f"{extra}, or another order): retrain it with disco train")
+    if kind not in MODEL_FILES or model_file.name != MODEL_FILES[kind]:
+        raise DiscoError(f"{path}: unknown model kind {kind!r} or model file {model_file.name!r}")
+    if not model_file.is_file():
+        raise DiscoError(f"{path}: the model file {model_file.name} is missing")
+    if _sha256(model_file) != manifest.get("model_sha256"):
+        raise DiscoError(f"{model_file} does not match the sha256 in its manifest: the artifact was modified "
+                         "after training; retrain it or restore the original files")
+    if expect_pair is not None:
+        _check_pair(manifest, expect_pair, path)
+    columns = [FEATURES.index(c) for c in manifest.get("columns", FEATURES) if c in FEATURES]
+    try:
+        if kind == "lightgbm":
+            model: Model = LightGBMModel.from_text(model_file.read_text(), columns)
+        elif kind == "joblib":
+            if not trust_pickle:
+                raise DiscoError(f"{path} holds a pickled model (model.joblib), which can run arbitrary code when "
+                                 "loaded: pass --trust-pickle only if you trust its source")
+            import joblib
+
+            model = JoblibModel(joblib.load(model_file), columns)
+        else:
+            model = DenseModel.from_json(json.loads(model_file.read_text()))
+    except DiscoError:
+        raise
+    except Exception as e:  # a model file that passed the hash check but does not parse
+        raise DiscoError(f"{model_file} could not be read as a {kind} model: {e}") from None
+    return Artifact(path, manifest, model)

@@ -1,0 +1,561 @@
+"""`disco collect`: oracle traces of draft features with accept/reject labels (DESIGN.md §3).
+
+Under greedy decoding every policy's accepted text is a prefix of the target's own greedy
+continuation y. So per prompt: one target generation of y, then ONE teacher-forced draft forward
+(and one target forward) over prompt + y give, at every position of y, exactly the distributions
+the oracle loop sees there. The oracle's windows follow from the labels alone (`oracle_windows`).
+Cost: about one plain target generation per prompt.
+
+Storage (schema in disco/trace.py): `OUT/manifest.json` beside `OUT/data/`, which holds Parquet
+shards `part-rRRR-NNNNNN.parquet`: one row per position of y, each shard holding whole prompts,
+so `pandas.read_parquet("OUT/data")` and `datasets.load_dataset("parquet",
+data_files="OUT/data/*.parquet")` read the trace as is. A shard is written under
+a hidden temporary name and renamed, so a killed run never leaves a partial shard that reads as
+complete; the prompt ids inside the finished shards are the done-list a rerun resumes from.
+Several processes (torchrun / accelerate launch) each take prompts i with i % world == rank and
+write their own shards; the folder then holds the rows of a single-process run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+import disco
+from disco.decode import DecodeConfig, target_generate
+from disco.errors import DiscoError
+from disco.features import FEATURES, WindowState, token_class_table, token_features
+from disco.files import atomic_write_json
+from disco.pair import Pair
+from disco.prompts import Prompt
+from disco.trace import COLUMNS, MANIFEST
+
+FORMAT = "disco-trace/1"  # bump when the layout or the meaning of a column changes
+DEFAULT_SHARD_PROMPTS = 64  # prompts per shard: bounds shard count on big runs ...
+DEFAULT_FLUSH_S = 120.0  # ... and this bounds the work a kill loses on slow ones
+DATA = "data"  # the shards' subfolder: a folder of Parquet files only, so any Parquet reader takes it whole
+SHARD_GLOB = "part-r*.parquet"
+_SHARD_RE = re.compile(r"part-r(\d+)-(\d+)\.parquet")
+_TMP_PREFIX = ".part-"  # hidden and not *.parquet: no reader globbing the folder sees a partial shard
+
+TRACE_COLUMNS: tuple[str, ...] = COLUMNS
+_INT_COLUMNS = ("gen_pos", "window_id", "label", "draft_token", "target_token")
+SCHEMA = pa.schema([
+    pa.field(c, pa.string() if c in ("prompt_id", "task") else pa.bool_() if c == "oracle_drafted"
+             else pa.int64() if c in _INT_COLUMNS else pa.float32())
+    for c in TRACE_COLUMNS
+])
+
+
+# --- one prompt ---------------------------------------------------------------------------------
+
+def oracle_windows(labels: Sequence[bool], max_new_tokens: int, max_window: int) -> list[tuple[int, int]]:
+    """The oracle loop's draft windows over y as (first position, tokens drafted), from the labels.
+
+    Mirrors speculative_generate: a round at position pos may draft k_max = min(max_window,
+    max_new_tokens - pos - 1) tokens (0: a target-only round, nothing drafted); the oracle drafts
+    until the first mismatch (drafted, rejected) or k_max; the target then commits the accepted
+    tokens plus one of its own, so the next round starts after the correction token, or after the
+    bonus token when the whole window was accepted. Positions in no window are never drafted."""
+    windows: list[tuple[int, int]] = []
+    pos = 0
+    while pos < len(labels):
+        k_max = min(max_window, max_new_tokens - pos - 1)
+        if k_max <= 0:
+            pos += 1
+            continue
+        k = 0
+        while pos + k < len(labels):
+            k += 1
+            if not labels[pos + k - 1] or k == k_max:
+                break
+        windows.append((pos, k))
+        pos += sum(bool(x) for x in labels[pos : pos + k]) + 1  # accepted tokens + the target's token
+    return windows
+
+
+def _next_token_logits(model: torch.nn.Module, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """(n, vocab): the model's logits for the last n tokens of `ids`, teacher-forced.
+
+    The distribution for ids[i] comes from the position of ids[i - 1], so feeding ids[:-1] and
+    keeping the last n logits covers exactly y when n = len(y): no logits for the prompt."""
+    out = model(input_ids=ids[:-1].unsqueeze(0), use_cache=False, logits_to_keep=n)
+    return out.logits[0, -n:]
+
+
+@torch.inference_mode()
+def teacher_forced_trace(
+    pair: Pair, prompt_ids: Sequence[int], y: Sequence[int], config: DecodeConfig, token_classes: torch.Tensor,
+    prompt_id: str = "", task: str = "",
+) -> pa.Table:
+    """The trace rows of a prompt whose target greedy continuation y is known: one per position of y.
+
+    token_classes: features.token_class_table(...) on the pair's device."""
+    n_prompt, n = len(prompt_ids), len(y)
+    if n == 0:
+        raise DiscoError(f"prompt {prompt_id!r}: the target's continuation is empty; nothing to trace")
+    ids = torch.tensor([*prompt_ids, *y], dtype=torch.long, device=pair.device)
+    y_ids = ids[n_prompt:]
+    # Greedy decoding draws from softmax(logits) (decode.warp at temperature 0): the same here.
+    q = torch.softmax(_next_token_logits(pair.draft, ids, n).float(), dim=-1)
+    p = torch.softmax(_next_token_logits(pair.target, ids, n).float(), dim=-1)
+    draft_tok = q.argmax(-1)
+    labels = draft_tok == y_ids
+    vocab = min(p.shape[-1], q.shape[-1])  # draft and target heads may be padded differently
+    draft_prob = q.gather(-1, draft_tok[:, None])[:, 0]
+    target_prob = p[:, :vocab].gather(-1, draft_tok[:, None].clamp_max(vocab - 1))[:, 0]
+    overlap = torch.minimum(p[:, :vocab], q[:, :vocab]).sum(-1)  # 1 - TV(p, q)
+
+    # Token features: the function the live policy calls, with the context the oracle loop has
+    # at this position (prompt + y before it: every earlier draft token in its window matched y).
+    tok_feats = [token_features(q[j], draft_tok[j], j, ids[: n_prompt + j], token_classes) for j in range(n)]
+
+    # Window features over the oracle's windows, with the bookkeeping the live policy keeps.
+    # A position the oracle does not draft gets the features a window starting there would have
+    # (window_pos 1, product = its own p_chosen, prev_accepted as of then): what a policy that
+    # does draft it would see first, which is the best single guess for the simulator.
+    label_list = labels.tolist()
+    feats: list[torch.Tensor | None] = [None] * n
+    window_id = np.full(n, -1, dtype=np.int64)
+    state = WindowState()
+    starts = dict(oracle_windows(label_list, config.max_new_tokens, config.max_window))
+    j = wid = 0
+    while j < n:
+        if j in starts:
+            k = starts[j]
+            state.start()
+            for i in range(k):
+                feats[j + i] = state.step(tok_feats[j + i], i + 1)
+            window_id[j : j + k] = wid
+            state.end(k, sum(label_list[j : j + k]))  # only the last token of a window can be rejected
+            j, wid = j + k, wid + 1
+        else:
+            fresh = WindowState(prev_accepted=state.prev_accepted)
+            fresh.start()
+            feats[j] = fresh.step(tok_feats[j], 1)
+            j += 1
+
+    matrix = torch.stack(feats).cpu().numpy()  # (n, len(FEATURES)) float32
+    columns: dict[str, Any] = {
+        "prompt_id": [prompt_id] * n,
+        "task": [task] * n,
+        "gen_pos": np.arange(n, dtype=np.int64),
+        "window_id": window_id,
+        "oracle_drafted": window_id >= 0,
+    }
+    for i, name in enumerate(FEATURES):
+        if name not in columns:  # gen_pos: the id column already holds it (as an integer)
+            columns[name] = matrix[:, i]
+    accept_prob = (target_prob / draft_prob).clamp_max(1.0)  # Leviathan's min(1, p/q); q > 0: q chose it
+    for name, value in (("label", labels.long()), ("draft_token", draft_tok), ("target_token", y_ids),
+                        ("draft_prob", draft_prob), ("target_prob", target_prob), ("accept_prob", accept_prob),
+                        ("overlap", overlap), ("target_top1", p.max(-1).values)):
+        columns[name] = value.cpu().numpy()
+    return pa.table({c: columns[c] for c in TRACE_COLUMNS}, schema=SCHEMA)
+
+
+def trace_prompt(pair: Pair, prompt_ids: Sequence[int], config: DecodeConfig, token_classes: torch.Tensor,
+                 prompt_id: str = "", task: str = "") -> pa.Table:
+    """The trace of one prompt: the target's greedy continuation, then the teacher-forced rows."""
+    y = target_generate(pair.target, list(prompt_ids), config, pair.eos_token_ids).tokens
+    return teacher_forced_trace(pair, prompt_ids, y, config, token_classes, prompt_id, task)
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's share of the prompts: prompt i belongs to rank i % world."""
+
+    rank: int = 0
+    world: int = 1
+
+    def mine(self, n: int) -> list[int]:
+        return list(range(self.rank, n, self.world))
+
+    def main_first(self, main: Callable[[], T], other: Callable[[], T] | None = None) -> T:
+        """Rank 0 runs `main` while the others wait, then the others run `other` (default `main`).
+
+        The barrier is passed even when rank 0 fails, so the others never hang: they then run
+        `other` themselves and fail with their own message, or carry on."""
+        if self.world == 1:
+            return main()
+        if self.rank == 0:
+            try:
+                return main()
+            finally:
+                torch.distributed.barrier()
+        torch.distributed.barrier()
+        return (other or main)()
+
+
+@contextlib.contextmanager
+def distributed() -> Iterator[Dist]:
+    """This process's rank and world size, from RANK / WORLD_SIZE as torchrun and `accelerate launch` set them.
+
+    With several processes: each uses GPU LOCAL_RANK (when there are GPUs), and a gloo group
+    serves the barriers at start-up (model loading, preparing the folder). Nothing is
+    synchronised after that, so a slow or killed rank never stalls or kills the others."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        yield Dist()
+        return
+    rank = int(os.environ["RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    # Rank 0 may first prepare the embedded pair (minutes): a generous timeout for the first barrier.
+    torch.distributed.init_process_group("gloo", timeout=timedelta(hours=2))
+    try:
+        yield Dist(rank, world)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+# --- the trace folder ---------------------------------------------------------------------------
+
+def _versions() -> dict[str, str]:
+    out = {"disco": disco.__version__, "python": platform.python_version()}
+    for name in ("torch", "transformers", "pyarrow", "datasets", "accelerate"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def prompts_fingerprint(prompts: Sequence[Prompt]) -> str:
+    """sha256 of the prompts (ids, tasks, texts) in order: identifies a run's prompt list."""
+    h = hashlib.sha256()
+    for p in prompts:  # one prompt at a time: a full news corpus never sits in memory as one string
+        h.update(json.dumps([p.id, p.task, p.prompt], ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
+def build_manifest(pair: Pair, prompts: Sequence[Prompt], config: DecodeConfig, chat: bool,
+                   sources: Sequence[str] = ()) -> dict:
+    pair_info = pair.describe()
+    return {
+        "format": FORMAT,
+        "pair": pair_info,
+        "features": list(FEATURES),
+        "columns": list(TRACE_COLUMNS),
+        "generation": {
+            "max_new_tokens": config.max_new_tokens,
+            "max_window": config.max_window,
+            "temperature": 0.0,
+            "chat": chat,
+            "eos_token_ids": sorted(pair.eos_token_ids),
+        },
+        "prompts": {"sources": list(sources), "count": len(prompts), "sha256": prompts_fingerprint(prompts)},
+        "versions": _versions(),
+        "status": {"complete": False},
+    }
+
+
+def _identity(manifest: dict) -> dict:
+    """What must agree for two runs to share a folder (the device may change: resuming a CPU run
+    on a GPU is fine; the dtype may not: it changes the numbers)."""
+    pair = {k: v for k, v in manifest.get("pair", {}).items() if k != "device"}
+    prompts = {k: v for k, v in manifest.get("prompts", {}).items() if k != "sources"}
+    return {"format": manifest.get("format"), "pair": pair, "features": manifest.get("features"),
+            "columns": manifest.get("columns"), "generation": manifest.get("generation"), "prompts": prompts}
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    a, b = _identity(old), _identity(new)
+    out = []
+    for key in b:
+        if isinstance(b[key], dict) and isinstance(a[key], dict):
+            out += [f"{key}.{k}" for k in b[key] if a[key].get(k) != b[key][k]]
+        elif a[key] != b[key]:
+            out.append(key)
+    return out
+
+
+def shard_files(out_dir: Path) -> list[Path]:
+    return sorted(p for p in (out_dir / DATA).glob(SHARD_GLOB) if _SHARD_RE.fullmatch(p.name))
+
+
+def read_manifest(out_dir: str | Path) -> dict | None:
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DiscoError(f"{path} is not valid JSON ({e.msg}): delete the folder or use --overwrite") from e
+
+
+def prepare_out_dir(out_dir: Path, manifest: dict, overwrite: bool) -> None:
+    """Create the folder and its manifest, or check that a rerun may continue in it.
+
+    Only this module's files are ever deleted (shards, temporary shards, the manifest), so a
+    mistyped --out with --overwrite cannot wipe anything else."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DiscoError(f"--out {out_dir} is a file: give a folder for the trace")
+    shards = shard_files(out_dir)
+    old = None if overwrite else read_manifest(out_dir)
+    if old is not None:
+        diff = _differences(old, manifest)
+        if diff:
+            raise DiscoError(
+                f"{out_dir} holds traces of another pair, feature list, prompt list or settings "
+                f"(differs in {', '.join(diff)}): choose another --out, or pass --overwrite to replace them")
+    elif shards and not overwrite:
+        raise DiscoError(f"{out_dir} holds trace shards but no {MANIFEST}: choose another --out, or pass "
+                         "--overwrite to replace them")
+    temps = list((out_dir / DATA).glob(f"{_TMP_PREFIX}*"))  # leftovers of a killed run: never complete
+    for path in temps + (shards if overwrite else []):
+        path.unlink()
+    if old is None:
+        atomic_write_json(out_dir / MANIFEST, manifest)
+    (out_dir / DATA).mkdir(exist_ok=True)
+
+
+def check_out_dir(out_dir: Path, manifest: dict) -> None:
+    """What ranks other than 0 do after rank 0 prepared the folder: make sure it is ours."""
+    old = read_manifest(out_dir)
+    if old is None or _differences(old, manifest):
+        raise DiscoError(f"{out_dir} was not prepared for this run (see rank 0's error)")
+
+
+def _read_shards(out_dir: Path, columns: Sequence[str], dictionary: Sequence[str] = ()) -> pa.Table:
+    """Columns of every finished shard; `dictionary`: string columns to keep dictionary-encoded
+    (pandas categoricals: millions of rows of prompt ids then cost little memory)."""
+    files = shard_files(out_dir)
+    tables = [pq.read_table(f, columns=list(columns), read_dictionary=list(dictionary)) for f in files]
+    if not tables:
+        return SCHEMA.empty_table().select(list(columns))
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _done_ids(out_dir: Path) -> set[str]:
+    column = _read_shards(out_dir, ["prompt_id"]).column("prompt_id")
+    return set(pc.unique(column).to_pylist())
+
+
+def load_traces(out_dir: str | Path, columns: Sequence[str] | None = None):
+    """The trace of a folder as a pandas DataFrame, rows sorted by (prompt_id, gen_pos).
+
+    Same rows as `datasets.load_dataset("parquet", data_files=f"{out_dir}/data/*.parquet")`."""
+    out_dir = Path(out_dir)
+    if read_manifest(out_dir) is None:
+        raise DiscoError(f"{out_dir} is not a trace folder (no {MANIFEST}): run `disco collect --out {out_dir}` first")
+    df = _read_shards(out_dir, columns or TRACE_COLUMNS).to_pandas()
+    if {"prompt_id", "gen_pos"} <= set(df.columns):
+        df = df.sort_values(["prompt_id", "gen_pos"], kind="stable").reset_index(drop=True)
+    return df
+
+
+def summarize(df) -> dict:
+    """Rows, prompts, positive rate and oracle window lengths, overall and per task."""
+    def one(g) -> dict:
+        drafted = g[g["oracle_drafted"]]
+        windows = drafted.groupby(["prompt_id", "window_id"], observed=True)["label"].agg(["size", "sum"])
+        return {
+            "prompts": int(g["prompt_id"].nunique()),
+            "rows": int(len(g)),
+            "positive_rate": float(g["label"].mean()) if len(g) else 0.0,
+            "oracle_drafted_rows": int(len(drafted)),
+            "oracle_windows": int(len(windows)),
+            "mean_window": float(windows["size"].mean()) if len(windows) else 0.0,  # drafted per window
+            "mean_accepted": float(windows["sum"].mean()) if len(windows) else 0.0,  # accepted per window
+        }
+    return {"all": one(df), "by_task": {str(t): one(g) for t, g in df.groupby("task", sort=True, observed=True)}}
+
+
+def format_summary(summary: dict) -> str:
+    """A Markdown table of `summarize`'s output: one line per task, then all."""
+    lines = ["| task | prompts | rows | positive rate | oracle windows | mean window | mean accepted |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for task, s in [*summary["by_task"].items(), ("all", summary["all"])]:
+        lines.append(f"| {task} | {s['prompts']} | {s['rows']} | {s['positive_rate']:.3f} | {s['oracle_windows']} "
+                     f"| {s['mean_window']:.2f} | {s['mean_accepted']:.2f} |")
+    return "\n".join(lines)
+
+
+def _finalize(out_dir: Path, n_prompts: int) -> dict | None:
+    """Record counts in the manifest when every prompt is traced; None while some are missing.
+
+    Each rank calls this when it is done: only a rank that sees all prompts done writes, and
+    what it writes is computed from the finished shards alone, so two ranks finishing together
+    write the same file and a rank that finished early never overwrites the final counts."""
+    if len(_done_ids(out_dir)) < n_prompts:
+        return None
+    columns = ["prompt_id", "task", "label", "window_id", "oracle_drafted"]
+    df = _read_shards(out_dir, columns, dictionary=["prompt_id", "task"]).to_pandas()
+    manifest = read_manifest(out_dir)
+    manifest["status"] = {"complete": True, "prompts": n_prompts, "rows": int(len(df)), "summary": summarize(df)}
+    atomic_write_json(out_dir / MANIFEST, manifest)
+    return manifest
+
+
+class _ShardWriter:
+    """Buffers whole prompts and writes them as one shard: temporary name, then rename."""
+
+    def __init__(self, out_dir: Path, rank: int, shard_prompts: int, flush_s: float) -> None:
+        self.out_dir, self.rank, self.shard_prompts, self.flush_s = out_dir, rank, shard_prompts, flush_s
+        seqs = [int(m[2]) for p in shard_files(out_dir) if (m := _SHARD_RE.fullmatch(p.name)) and int(m[1]) == rank]
+        self.next_seq = max(seqs, default=-1) + 1  # a rerun appends after the shards it finds
+        self.tables: list[pa.Table] = []
+        self.since = time.monotonic()
+
+    def add(self, table: pa.Table) -> None:
+        self.tables.append(table)
+        if len(self.tables) >= self.shard_prompts or time.monotonic() - self.since >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.tables:
+            folder = self.out_dir / DATA
+            final = folder / f"part-r{self.rank:03d}-{self.next_seq:06d}.parquet"
+            fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}r{self.rank:03d}-", suffix=".tmp", dir=folder)
+            os.close(fd)
+            try:
+                pq.write_table(pa.concat_tables(self.tables), tmp)
+                os.replace(tmp, final)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            self.next_seq += 1
+            self.tables = []
+        self.since = time.monotonic()
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+@dataclass
+class CollectStats:
+    rank: int = 0
+    world: int = 1
+    prompts_total: int = 0  # prompts of the whole run (every rank)
+    prompts_mine: int = 0  # this rank's share
+    prompts_skipped: int = 0  # of this rank's share, already traced by an earlier run
+    prompts_traced: int = 0  # traced by this call
+    rows: int = 0  # rows written by this call
+    tokens: int = 0  # target tokens generated by this call
+    generate_s: float = 0.0  # time in target generation (what plain decoding would cost)
+    trace_s: float = 0.0  # time in the teacher-forced forwards and features
+    wall_s: float = 0.0
+    manifest: dict | None = field(default=None, repr=False)  # the final manifest if this call completed the folder
+
+    def summary(self) -> str:
+        who = f"rank {self.rank}/{self.world}: " if self.world > 1 else ""
+        overhead = f" (+{100 * self.trace_s / self.generate_s:.0f}% over generation)" if self.generate_s else ""
+        return (f"{who}traced {self.prompts_traced} prompts ({self.prompts_skipped} already done), "
+                f"{self.rows} rows, {self.tokens} tokens in {self.wall_s:.1f}s: generation {self.generate_s:.1f}s, "
+                f"teacher-forced {self.trace_s:.1f}s{overhead}")
+
+
+def encode_prompts(pair: Pair, prompts: Sequence[Prompt], config: DecodeConfig, chat: bool) -> list[list[int]]:
+    """Token ids of every prompt, refusing up front any that cannot fit (so no rank fails midway)."""
+    encoded = []
+    for p in prompts:
+        try:
+            ids = pair.encode(p.prompt, chat)
+        except DiscoError as e:
+            raise DiscoError(f"prompt {p.id!r}: {e}") from e
+        if len(ids) + config.max_new_tokens > pair.context_length:
+            raise DiscoError(f"prompt {p.id!r} ({len(ids)} tokens) plus --max-new-tokens {config.max_new_tokens} "
+                             f"exceeds the models' context of {pair.context_length} tokens: drop it or lower --max-new-tokens")
+        encoded.append(ids)
+    return encoded
+
+
+def collect(
+    pair: Pair,
+    prompts: Sequence[Prompt],
+    out_dir: str | Path,
+    config: DecodeConfig,
+    *,
+    chat: bool | None = None,
+    overwrite: bool = False,
+    dist: Dist = Dist(),
+    sources: Sequence[str] = (),
+    shard_prompts: int = DEFAULT_SHARD_PROMPTS,
+    flush_s: float = DEFAULT_FLUSH_S,
+    progress: bool = True,
+) -> CollectStats:
+    """Trace this rank's prompts into `out_dir`, skipping those already there; resumable at any point."""
+    t0 = time.perf_counter()
+    config.validate()
+    if config.temperature != 0.0:
+        raise DiscoError("oracle traces are defined for greedy decoding: collect with temperature 0")
+    if shard_prompts < 1:
+        raise DiscoError(f"--shard-prompts must be at least 1 (got {shard_prompts})")
+    if not prompts:
+        raise DiscoError("no prompts to trace")
+    if len({p.id for p in prompts}) != len(prompts):
+        raise DiscoError("prompt ids must be unique: traces and resumption key on them")
+    chat = pair.has_chat_template if chat is None else chat
+    out_dir = Path(out_dir)
+    encoded = encode_prompts(pair, prompts, config, chat)  # every check before the first write
+    manifest = build_manifest(pair, prompts, config, chat, sources)
+    dist.main_first(lambda: prepare_out_dir(out_dir, manifest, overwrite), lambda: check_out_dir(out_dir, manifest))
+
+    done = _done_ids(out_dir)
+    mine = dist.mine(len(prompts))
+    todo = [i for i in mine if prompts[i].id not in done]
+    stats = CollectStats(dist.rank, dist.world, len(prompts), len(mine), len(mine) - len(todo))
+    if todo:
+        _run(pair, prompts, encoded, todo, out_dir, config, dist, shard_prompts, flush_s, progress, stats)
+    stats.manifest = _finalize(out_dir, len(prompts))
+    stats.wall_s = time.perf_counter() - t0
+    return stats
+
+
+def _run(pair: Pair, prompts: Sequence[Prompt], encoded: list[list[int]], todo: list[int], out_dir: Path,
+         config: DecodeConfig, dist: Dist, shard_prompts: int, flush_s: float, progress: bool,
+         stats: CollectStats) -> None:
+    from tqdm import tqdm
+
+    vocab = pair.draft.config.vocab_size
+    token_classes = token_class_table(pair.tokenizer, vocab).to(pair.device)
+    writer = _ShardWriter(out_dir, dist.rank, shard_prompts, flush_s)
+    # One bar, on rank 0: its share is within one prompt of every other rank's.
+    bar = tqdm(total=stats.prompts_mine, initial=stats.prompts_skipped, unit="prompt", desc="collect",
+               disable=not progress or dist.rank != 0, file=sys.stderr, dynamic_ncols=True)
+    try:
+        for i in todo:
+            t = time.perf_counter()
+            y = target_generate(pair.target, encoded[i], config, pair.eos_token_ids).tokens
+            t_gen = time.perf_counter()
+            table = teacher_forced_trace(pair, encoded[i], y, config, token_classes, prompts[i].id, prompts[i].task)
+            stats.generate_s += t_gen - t
+            stats.trace_s += time.perf_counter() - t_gen
+            stats.prompts_traced += 1
+            stats.rows += table.num_rows
+            stats.tokens += len(y)
+            writer.add(table)
+            bar.update(1)
+            bar.set_postfix_str(f"{stats.tokens / (stats.generate_s + stats.trace_s):.1f} tok/s", refresh=False)
+        writer.flush()
+    except BaseException:
+        # Ctrl-C or an error: the buffered prompts are complete, keep them (a hard kill loses them,
+        # which a rerun repairs). A failing flush must not hide the original error.
+        with contextlib.suppress(Exception):
+            writer.flush()
+        raise
+    finally:
+        bar.close()

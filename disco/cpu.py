@@ -1,0 +1,183 @@
+"""CPU backends: how the Linear layers of a model on the CPU compute x @ Wᵀ.
+
+A decode step of a 1–2 B model on a CPU is memory-bound: it reads every Linear weight once.
+Verifying k draft tokens reads the same weights, so it should cost about one step. With
+PyTorch's default `F.linear` it does not: MKL's sgemm takes a slow path for 2–16 rows (a
+1.5B target verifies 8 tokens at ~4x the cost of one; see bench/RESULTS.md, "CPU backends").
+A backend swaps each `nn.Linear` of a loaded model for a module of ours with the same
+interface (what torch.ao's quantize_dynamic does); transformers' code is not touched.
+
+    eager       F.linear, as loaded (the reference numerics)
+    transposed  (W @ xᵀ)ᵀ on the same weights: a faster MKL path for a few rows
+    onednn      weights prepacked once for oneDNN (float32, same math as eager up to rounding)
+    int8        int8 weights (per output channel) and int8 activations (per token): ~4x fewer
+                bytes per step, but different numerics — a different target
+
+Float32 backends change only rounding (logits within ~1e-4 of eager); `int8` changes what the
+model computes, so Pair.describe() records the backend in every trace and artifact manifest.
+Greedy speculative decoding stays lossless under every backend relative to the same backend's
+target-only decoding: each row of a batch is computed independently of the other rows (int8
+quantises every token with its own scale, never with a scale shared across the batch).
+
+Memory: `onednn` and `int8` replace each weight by a repacked copy one layer at a time and
+drop the original, so at most one extra layer is held while converting.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from disco.errors import DiscoError
+
+CPU_BACKENDS = ("eager", "transposed", "onednn", "int8")
+# The fastest backend that keeps float32 greedy output unchanged (bench/RESULTS.md, issue 3).
+DEFAULT_CPU_BACKEND = "onednn"
+CPU_BACKEND_HELP = {
+    "eager": "F.linear as loaded (PyTorch/MKL default; slow for 2-16 rows)",
+    "transposed": "float32, (W @ x^T)^T on the same weights (no copy)",
+    "onednn": "float32, weights prepacked for oneDNN: verifying k tokens costs ~one step",
+    "int8": "int8 weights + per-token int8 activations (fbgemm): ~4x fewer bytes, changes numerics",
+}
+FLOAT32_EXACT = ("eager", "transposed", "onednn")  # same math as eager up to float rounding
+
+
+class TransposedLinear(nn.Module):
+    """y = (W @ xᵀ)ᵀ + b: the same product as F.linear, on the same weight tensor."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if self.bias is None:
+            y = torch.mm(self.weight, x2.t())
+        else:
+            y = torch.addmm(self.bias.unsqueeze(1), self.weight, x2.t())
+        return y.t().reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class OneDNNLinear(nn.Module):
+    """F.linear with the weight reordered once into oneDNN's blocked layout (float32).
+
+    The packed weight is an opaque mkldnn tensor kept as a plain attribute (not a parameter or
+    buffer): it is not in state_dict() and does not move with .to(); this module is for inference
+    on the CPU only."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().contiguous())
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Linear(nn.Module):
+    """Dynamic int8 linear (fbgemm): int8 weights with one scale per output channel; the input
+    is quantised per row (per token), so a row's output never depends on the other rows.
+
+    fbgemm quantises its whole input with one scale taken from the input's min and max. We
+    divide each row by its own max |x| (rows then lie in [-1, 1]) and append one row holding
+    -1 and +1, so the input's min and max — hence fbgemm's scale and zero point — are the same
+    constants for every call; the row scale is multiplied back afterwards."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():  # quantized tensors are deprecated but fbgemm's prepack needs one
+            warnings.simplefilter("ignore")
+            qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(qw, None)
+        del qw
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
+        anchor = torch.zeros(1, self.in_features)
+        anchor[0, 0], anchor[0, -1] = -1.0, 1.0
+        self.register_buffer("anchor", anchor, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        row_max = x2.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+        y = torch.ops.quantized.linear_dynamic(torch.cat([x2 / row_max, self.anchor]), self.packed, True)
+        y = y[:-1] * row_max
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+_MODULES = {"transposed": TransposedLinear, "onednn": OneDNNLinear, "int8": Int8Linear}
+_FLOAT32_ONLY = ("onednn", "int8")
+
+
+def check_cpu_backend(backend: str) -> str:
+    if backend not in CPU_BACKENDS:
+        raise DiscoError(f"unknown CPU backend {backend!r}: choose one of {', '.join(CPU_BACKENDS)}")
+    return backend
+
+
+def apply_cpu_backend(model: nn.Module, backend: str = DEFAULT_CPU_BACKEND) -> nn.Module:
+    """Swap every nn.Linear of `model` (on the CPU) for `backend`'s module, in place; returns `model`.
+
+    Layers are converted one at a time and each original weight is released as soon as its
+    module is replaced (a weight shared with another module — tied embeddings — stays alive
+    through that module)."""
+    check_cpu_backend(backend)
+    if backend == "eager":
+        return model
+    param = next(model.parameters(), None)
+    if param is not None and param.device.type != "cpu":
+        raise DiscoError(f"--cpu-backend {backend} applies to models on the CPU (this one is on {param.device})")
+    if backend in _FLOAT32_ONLY and param is not None and param.dtype != torch.float32:
+        raise DiscoError(f"--cpu-backend {backend} computes in float32 but the model is {param.dtype}: "
+                         "use --dtype float32 (the CPU default) or --cpu-backend eager")
+    cls = _MODULES[backend]
+    names = [name for name, mod in model.named_modules() if type(mod) is nn.Linear]  # names only: no refs
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        with torch.no_grad():
+            setattr(parent, child, cls(getattr(parent, child)))
+    model.cpu_backend = backend  # read back by cpu_backend_of()
+    return model
+
+
+def cpu_backend_of(model: nn.Module) -> str:
+    """The backend applied to `model` ("eager" when none was)."""
+    return getattr(model, "cpu_backend", "eager")
+
+
+def linear_weight_bytes(model: nn.Module) -> int:
+    """Bytes of Linear weights (and biases) one forward reads: what bounds a decode step on a
+    memory-bound CPU. Embeddings are left out (a step reads one row of them)."""
+    total = 0
+    for mod in model.modules():
+        bias = getattr(mod, "bias", None)
+        if isinstance(mod, (nn.Linear, TransposedLinear)):
+            total += mod.weight.numel() * mod.weight.element_size()
+        elif isinstance(mod, OneDNNLinear):
+            total += mod.packed_weight.numel() * mod.packed_weight.element_size()
+        elif isinstance(mod, Int8Linear):
+            total += mod.in_features * mod.out_features + 8 * mod.out_features  # int8 weights + scales
+        else:
+            continue
+        if isinstance(bias, torch.Tensor):
+            total += bias.numel() * bias.element_size()
+    return total

@@ -1,0 +1,122 @@
+"""`disco profile`: measure the cost model of a pair on this machine (DESIGN.md §4).
+
+    c_d     one draft forward of one token
+    c_t(k)  one target forward over k tokens (a round that drafted k - 1 tokens), k = 1 .. max_window + 1
+
+Each is the median of repeated timed forwards after warm-up, synchronised on CUDA, over a
+realistic context (~100 prompt tokens in the KV cache). The cache is cropped back after
+every timing, so every timing sees the same context — the same forward, cache and crop code
+the decoding loop uses (decode._forward / _truncate).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from disco.decode import _forward, _new_cache, _sync, _truncate
+from disco.errors import DiscoError
+from disco.pair import EMBEDDED_NAME, Pair
+from disco.policy import DEFAULT_MAX_WINDOW
+from disco.simulate import CostModel
+
+DEFAULT_CONTEXT = 100  # prompt tokens in the cache while timing
+DEFAULT_REPEATS = 20  # timed forwards per measurement (the median is kept)
+DEFAULT_WARMUP = 3  # untimed forwards before each measurement (kernels, allocator, caches)
+# The context: ordinary code, repeated until it has enough tokens.
+_CONTEXT_TEXT = (
+    "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
+    '    """Merge two sorted lists into one sorted list in linear time."""\n'
+    "    out, i, j = [], 0, 0\n"
+    "    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n"
+    "            out.append(a[i]); i += 1\n"
+    "        else:\n"
+    "            out.append(b[j]); j += 1\n"
+    "    return out + a[i:] + b[j:]\n\n"
+)
+
+
+def context_ids(tokenizer, n: int) -> list[int]:
+    ids = list(tokenizer(_CONTEXT_TEXT)["input_ids"])
+    if not ids:
+        raise DiscoError("the tokenizer returned no tokens for the profiling context")
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def _median_time(model: torch.nn.Module, cache, feed: torch.Tensor, keep_len: int, repeats: int, warmup: int,
+                 device: torch.device) -> float:
+    """Median seconds of one forward of `feed` after `keep_len` cached tokens (cache restored each time)."""
+    times = []
+    for i in range(warmup + repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        _forward(model, cache, feed, len(feed))
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        _truncate(cache, keep_len)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def profile_pair(pair: Pair, max_window: int = DEFAULT_MAX_WINDOW, context: int = DEFAULT_CONTEXT,
+                 repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, progress: bool = True) -> dict:
+    """Measure c_d and c_t(1 .. max_window + 1); return the profile (CostModel fields + metadata)."""
+    from tqdm.auto import tqdm
+
+    if max_window < 1 or context < 1 or repeats < 1 or warmup < 0:
+        raise DiscoError("--max-window, --context and --repeats must be at least 1, --warmup at least 0")
+    if context + max_window + 1 > pair.context_length:
+        raise DiscoError(f"--context {context} + --max-window {max_window} exceeds the models' context of "
+                         f"{pair.context_length} tokens")
+    ids = torch.tensor(context_ids(pair.tokenizer, context + max_window + 1), device=pair.device)
+    prompt, feed = ids[:context], ids[context:]
+    caches = {}
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        caches[role] = _new_cache(model)
+        _forward(model, caches[role], prompt, 1)
+    c_d = _median_time(pair.draft, caches["draft"], feed[:1], context, repeats, warmup, pair.device)
+    c_t = []
+    for k in tqdm(range(1, max_window + 2), desc="timing target forwards", disable=not progress):
+        c_t.append(_median_time(pair.target, caches["target"], feed[:k], context, repeats, warmup, pair.device))
+    cost = CostModel(c_d, tuple(c_t), "profile")
+    return {
+        **cost.to_dict(),
+        "unit": "s",
+        "c_d_ratio": c_d / c_t[0],  # c_d / c_t(1): what the speedup depends on
+        "c_t_ratio": [c / c_t[0] for c in c_t],  # c_t(k) / c_t(1)
+        "max_window": max_window,
+        "context_tokens": context,
+        "repeats": repeats,
+        "warmup": warmup,
+        "pair": pair.describe(),
+        "device_name": torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def default_profile_path(pair: Pair) -> Path:
+    """Under the cache root, keyed by pair and hardware: the costs hold for this device and dtype only."""
+    from disco.embedded import cache_root
+
+    if pair.target_name.startswith(f"{EMBEDDED_NAME}:"):
+        name = EMBEDDED_NAME
+    else:
+        name = f"{Path(pair.target_name).name}__{Path(pair.draft_name).name}"
+    info = pair.describe()
+    hw = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else f"cpu-{info['cpu_backend']}"
+    key = f"{name}__{hw}__{info['dtype']}"
+    return cache_root() / "profiles" / (re.sub(r"[^A-Za-z0-9._-]+", "-", key) + ".json")
+
+
+def format_profile(profile: dict) -> str:
+    lines = [f"c_d = {profile['c_d'] * 1e3:.3f} ms ({profile['c_d_ratio']:.3f} c_t(1))", "k   c_t(k) ms   c_t(k)/c_t(1)"]
+    for k, (c, r) in enumerate(zip(profile["c_t"], profile["c_t_ratio"]), 1):
+        lines.append(f"{k:<3} {c * 1e3:9.3f}   {r:.3f}")
+    return "\n".join(lines)

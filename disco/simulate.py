@@ -1,0 +1,392 @@
+"""Replay a stopping policy over oracle traces, without running a model (DESIGN.md §4).
+
+A trace (disco/trace.py) holds, for every position j of the target's greedy continuation y,
+the draft's features there, teacher-forced on prompt + y[:j], and the label "the draft's
+token equals y_j". Under greedy decoding that is all the real loop (disco/decode.py) ever
+looks at while a window's drafts still agree with y, so `_replay` below mirrors the loop
+round by round:
+
+    k_max = min(max_window, max_new_tokens - generated - 1)    (0: a target-only round)
+    draft until the policy stops or k_max is reached            (one draft forward per token)
+    accepted = leading run of label == 1 among the drafted positions
+    commit accepted + 1 tokens                                  (y's last position: EOS / budget)
+
+and drives the *real* policy objects (policy.py, classifier.py): constant, heuristic,
+threshold and oracle see a `TraceStep` carrying what they read from a DraftStep; the
+classifier gets its full feature vector from its own `WindowState`, so the window features
+(window_pos, window_prob_prod, prev_accepted) are those of the simulated policy's windows,
+not the oracle's windows stored in the trace.
+
+Approximations (the only places a simulated run can differ from a real greedy run):
+
+1. Drafting past a mismatch. Once a window holds a draft token != y, the real draft
+   continues from its own (wrong) token, but the trace only has rows teacher-forced on y.
+   We reuse those rows. Those tokens cost draft forwards and are rejected whatever they are
+   (acceptance stops at the first mismatch), so committed tokens, target forwards, accepted
+   lengths and the policy's state updates are exact; only the policy's decision of *when to
+   stop* after the mismatch is approximate, i.e. the draft forward count and window sizes
+   (hence the verification cost) of such windows. `SimResult.approx_drafts` counts these
+   tokens; a policy that never drafts past a mismatch (oracle, or any window that stops in
+   time) is simulated exactly. Constant and heuristic do not read features: always exact.
+2. Drafting past EOS. When y ended with EOS before max_new_tokens, a real window that
+   reaches EOS may draft further tokens that are then discarded; the trace has no rows
+   there, so the simulated window ends at y's last position (at most once per prompt).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from disco.classifier import ClassifierPolicy
+from disco.decode import GenStats
+from disco.errors import DiscoError
+from disco.features import TOKEN_FEATURES
+from disco.policy import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, StoppingPolicy, make_policy
+from disco.trace import MANIFEST
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Default cost model, used when no `disco profile` measurement is given: a draft forward
+# costs 0.35 target forwards (a 3x smaller draft, partly overhead-bound), and verifying k
+# tokens costs 2% more per extra token than verifying one (GPU decoding is memory-bound:
+# extra tokens ride along with the weights already being read).
+DEFAULT_DRAFT_COST = 0.35
+DEFAULT_VERIFY_SLOPE = 0.02
+
+# Columns the simulator reads (the trainer needs more: FEATURES and oracle_drafted).
+SIM_COLUMNS = ("prompt_id", "gen_pos", "label", "draft_token", "target_token", *TOKEN_FEATURES)
+_P_CHOSEN = TOKEN_FEATURES.index("p_chosen")
+
+
+# --- cost model --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """time = sum over rounds of c_t(k_i) + draft forwards * c_d, where k_i = drafted + 1 is
+    the number of tokens the target processes in round i. Units cancel in a speedup, so
+    seconds (a profile) and ratios to c_t(1) (the default) are both fine."""
+
+    c_d: float  # one draft forward (one token)
+    c_t: tuple[float, ...]  # c_t[k - 1]: one target forward over k tokens, k = 1 .. len(c_t)
+    source: str = "default"  # where the numbers come from: "default" or the profile's path
+
+    def __post_init__(self) -> None:
+        if self.c_d < 0 or not self.c_t or min(self.c_t) <= 0:
+            raise DiscoError(f"invalid cost model ({self.source}): need c_d >= 0 and every c_t(k) > 0")
+
+    @classmethod
+    def default(cls, max_window: int = DEFAULT_MAX_WINDOW) -> CostModel:
+        c_t = tuple(1.0 + DEFAULT_VERIFY_SLOPE * (k - 1) for k in range(1, max_window + 2))
+        return cls(DEFAULT_DRAFT_COST, c_t, "default")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        """Read the JSON written by `disco profile`."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+            return cls(float(data["c_d"]), tuple(float(x) for x in data["c_t"]), str(path))
+        except FileNotFoundError:
+            raise DiscoError(f"profile not found: {path} (make one with: disco profile)") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise DiscoError(f"{path} is not a disco profile (need numbers c_d and a list c_t): {e}") from None
+
+    def to_dict(self) -> dict:
+        return {"c_d": self.c_d, "c_t": list(self.c_t), "source": self.source}
+
+    def verify(self, k: int) -> float:
+        if k > len(self.c_t):
+            raise DiscoError(
+                f"the cost model ({self.source}) covers target forwards of up to {len(self.c_t)} tokens, "
+                f"but a window of {k - 1} drafts needs c_t({k}): rerun disco profile with --max-window {k - 1}"
+            )
+        return self.c_t[k - 1]
+
+    def time(self, stats: GenStats) -> float:
+        """Cost-model time of one generation (prefill excluded)."""
+        target_only_rounds = stats.target_forwards - len(stats.windows)
+        return (sum(self.verify(w + 1) for w in stats.windows) + target_only_rounds * self.c_t[0]
+                + stats.draft_forwards * self.c_d)
+
+    def baseline(self, stats: GenStats) -> float:
+        """Target-only decoding of the same tokens: one c_t(1) per generated token."""
+        return stats.new_tokens * self.c_t[0]
+
+
+# --- traces ----------------------------------------------------------------------------------
+
+
+@dataclass
+class PromptTrace:
+    """One prompt's trace rows, as arrays the replay indexes by gen_pos."""
+
+    prompt_id: str
+    labels: np.ndarray  # (L,) bool: the draft's token at j equals y_j
+    draft_tokens: list[int]  # the draft's greedy token at each position (teacher-forced)
+    target_tokens: list[int]  # y, the target's greedy continuation (ends with EOS if it stopped early)
+    token_feats: torch.Tensor  # (L, len(TOKEN_FEATURES)) float32, as features.token_features computes them
+    max_new_tokens: int  # the generation budget; more than L when y ended at EOS
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass
+class TraceSource:
+    """The rows of one trace folder (or Parquet file) and the manifest beside them."""
+
+    path: Path
+    rows: pd.DataFrame
+    manifest: dict | None  # manifest.json as `disco collect` writes it; None when absent
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The generation budget the traces were collected with, if the manifest records it."""
+        m = self.manifest or {}
+        for where in (m, m.get("generation"), m.get("config"), m.get("settings")):
+            if isinstance(where, dict) and isinstance(where.get("max_new_tokens"), int):
+                return where["max_new_tokens"]
+        return None
+
+
+def read_traces(paths: Iterable[str | Path]) -> list[TraceSource]:
+    """Read trace folders (Parquet shards + manifest.json, as `disco collect` writes them) or
+    single Parquet files."""
+    import pandas as pd
+
+    sources = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files, manifest = sorted(path.rglob("*.parquet")), path / MANIFEST
+        elif path.is_file() and path.suffix == ".parquet":
+            files, manifest = [path], path.parent / MANIFEST
+        else:
+            raise DiscoError(f"no trace folder or .parquet file at {path} (make traces with: disco collect)")
+        if not files:
+            raise DiscoError(f"{path} holds no .parquet trace shards (make traces with: disco collect)")
+        meta = None
+        if manifest.is_file():
+            try:
+                meta = json.loads(manifest.read_text())
+            except ValueError as e:
+                raise DiscoError(f"{manifest} is not valid JSON: {e}") from None
+        rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+        sources.append(TraceSource(path, rows, meta))
+    if not sources:
+        raise DiscoError("no traces given: pass --traces FOLDER (written by disco collect)")
+    if all(src.rows.empty for src in sources):
+        raise DiscoError("the traces hold no rows")
+    return sources
+
+
+def check_columns(df: pd.DataFrame, needed: Sequence[str], what: str = "the simulator") -> None:
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        shown = ", ".join(missing[:6]) + (f", … ({len(missing)} in all)" if len(missing) > 6 else "")
+        raise DiscoError(f"the traces lack columns {what} needs: {shown}; recollect them with this disco version")
+
+
+def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None) -> list[PromptTrace]:
+    """Split trace rows into per-prompt traces (in order of first appearance).
+
+    max_new_tokens: the budget the traces were collected with (from their manifest). None:
+    each prompt's length, i.e. y was cut by the budget, not by EOS. A smaller budget than a
+    prompt's length simulates a shorter generation (y's prefix is still the greedy output)."""
+    check_columns(df, SIM_COLUMNS)
+    traces = []
+    for pid, rows in df.groupby("prompt_id", sort=False):
+        rows = rows.sort_values("gen_pos", kind="stable")
+        pos = rows["gen_pos"].to_numpy()
+        if not np.array_equal(pos, np.arange(len(rows))):
+            raise DiscoError(
+                f"prompt {pid!r}: gen_pos is not 0, 1, …, {len(rows) - 1} (rows duplicated or missing: "
+                "the same prompt in two trace sets, or a damaged shard)"
+            )
+        budget = max_new_tokens if max_new_tokens is not None else len(rows)
+        n = min(len(rows), budget)
+        traces.append(PromptTrace(
+            prompt_id=str(pid),
+            labels=rows["label"].to_numpy()[:n].astype(bool),
+            draft_tokens=rows["draft_token"].to_numpy()[:n].astype(int).tolist(),
+            target_tokens=rows["target_token"].to_numpy()[:n].astype(int).tolist(),
+            token_feats=torch.tensor(rows[list(TOKEN_FEATURES)].to_numpy()[:n], dtype=torch.float32),
+            max_new_tokens=budget,
+        ))
+    return traces
+
+
+# --- replay ----------------------------------------------------------------------------------
+
+
+@dataclass
+class TraceStep:
+    """The part of a policy.DraftStep that the trace can supply: what constant, heuristic,
+    threshold and oracle read. A policy reading more (logits, context) fails loudly here."""
+
+    token: int  # the draft's token (teacher-forced)
+    window_pos: int  # 1-based index in the simulated window
+    gen_pos: int  # index in the continuation
+    probs: dict[int, float]  # {token: p_chosen}: the only entry of the draft distribution a threshold reads
+
+
+PolicyFactory = Callable[[PromptTrace], StoppingPolicy]  # a fresh policy per prompt, as generate() builds
+
+
+def replay_policy(name: str, *, k: int = DEFAULT_K, threshold: float = DEFAULT_THRESHOLD,
+                  adaptive: bool = False, model=None) -> PolicyFactory:
+    """A factory of the real policy `name` for each prompt (the oracle gets the trace's y).
+    classifier: `model` is a Predictor (artifact.py), `threshold` its decision threshold."""
+    if name == "classifier":
+        if model is None:
+            raise DiscoError("simulating the classifier policy needs a trained model")
+        return lambda tr: ClassifierPolicy(model, threshold)
+    return lambda tr: make_policy(name, k=k, threshold=threshold, adaptive=adaptive, target_tokens=tr.target_tokens)
+
+
+# A replay yields a classifier's full feature vector whenever it needs P(accept), and gets the
+# probability back: the driver batches those requests across prompts (and policies, e.g. every
+# candidate threshold), since one LightGBM call costs ~80 us for one row but ~7 us a row in a batch.
+Replay = Generator[torch.Tensor, float, tuple[GenStats, int]]
+
+
+def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
+    """One prompt under one policy: returns (stats as the real loop counts them, approx_drafts)."""
+    stats, approx, out, L = GenStats(), 0, 0, len(tr)
+    while out < L:
+        # 1. Draft: up to k_max tokens, the policy deciding after each one.
+        k_max = min(max_window, tr.max_new_tokens - out - 1)  # verification adds one token
+        k, mismatch = 0, False
+        if k_max > 0:
+            policy.start()
+            for pos in range(1, k_max + 1):
+                j = out + pos - 1
+                if j >= L:  # past y's EOS: no rows (approximation 2)
+                    break
+                stats.draft_forwards += 1
+                approx += mismatch  # teacher-forced row after a mismatch (approximation 1)
+                mismatch = mismatch or not tr.labels[j]
+                k = pos
+                if isinstance(policy, ClassifierPolicy):
+                    stop = policy.stops((yield policy.features(tr.token_feats[j], pos)))
+                else:
+                    p = float(tr.token_feats[j, _P_CHOSEN])
+                    stop = policy.should_stop(TraceStep(tr.draft_tokens[j], pos, j, {tr.draft_tokens[j]: p}))
+                if stop or pos == k_max:
+                    break
+        # 2-3. Verify and accept: the leading agreeing run, then the target's own token.
+        n = int(np.cumprod(tr.labels[out : out + k]).sum())
+        stats.target_forwards += 1
+        # 4. Commit n + 1 tokens; y's last position is EOS or the budget's end.
+        out += min(n + 1, L - out)
+        # 5. Record.
+        if k > 0:
+            policy.update(k, n)
+            stats.windows.append(k)
+            stats.accepted_per_window.append(n)
+            stats.drafted += k
+            stats.accepted += n
+    stats.new_tokens = out
+    return stats, approx
+
+
+def _drive(lanes: list[tuple[Replay, object]], progress: bool = False) -> list[tuple[GenStats, int]]:
+    """Run replays in lockstep; each round, answer all pending P(accept) requests of lanes that
+    share a model with one batched predict_proba call. lanes: (replay, model or None)."""
+    from tqdm.auto import tqdm
+
+    results: list = [None] * len(lanes)
+    pending: dict[int, torch.Tensor] = {}
+
+    def advance(i: int, value: float | None) -> None:
+        try:
+            pending[i] = lanes[i][0].send(value)
+        except StopIteration as done:
+            results[i] = done.value
+            pending.pop(i, None)
+
+    for i in range(len(lanes)):
+        advance(i, None)
+    with tqdm(desc="simulating", unit="decision", disable=not progress or not pending, leave=False) as bar:
+        while pending:
+            by_model: dict[int, list[int]] = {}
+            for i in pending:
+                by_model.setdefault(id(lanes[i][1]), []).append(i)
+            for ids in by_model.values():
+                X = torch.stack([pending[i] for i in ids]).numpy()
+                probs = lanes[ids[0]][1].predict_proba(X)
+                for i, p in zip(ids, probs):
+                    advance(i, float(p))
+                bar.update(len(ids))
+    return results
+
+
+@dataclass
+class SimResult:
+    """One policy replayed over a set of prompts."""
+
+    stats: list[GenStats]  # per prompt, in trace order; counted exactly as decode.GenStats
+    approx_drafts: int = 0  # drafted tokens simulated from teacher-forced rows after a mismatch
+    totals: GenStats = field(init=False)  # all prompts summed
+
+    def __post_init__(self) -> None:
+        t = GenStats()
+        for s in self.stats:
+            t.new_tokens += s.new_tokens
+            t.target_forwards += s.target_forwards
+            t.draft_forwards += s.draft_forwards
+            t.drafted += s.drafted
+            t.accepted += s.accepted
+            t.windows += s.windows
+            t.accepted_per_window += s.accepted_per_window
+        self.totals = t
+
+    def speedup(self, cost: CostModel) -> float:
+        """Cost-model speedup over target-only decoding (ratio of total times over all prompts)."""
+        time = sum(cost.time(s) for s in self.stats)
+        return sum(cost.baseline(s) for s in self.stats) / time if time > 0 else 1.0
+
+    def summary(self, cost: CostModel) -> dict:
+        t = self.totals
+        tokens = max(t.new_tokens, 1)
+        return {
+            "speedup": self.speedup(cost),
+            "target_forwards_per_token": t.target_forwards / tokens,
+            "draft_forwards_per_token": t.draft_forwards / tokens,
+            "mean_accepted": t.accepted / len(t.windows) if t.windows else 0.0,
+            "mean_window": t.drafted / len(t.windows) if t.windows else 0.0,
+            "approx_drafts": self.approx_drafts / max(t.draft_forwards, 1),  # share of drafts
+        }
+
+
+def simulate_many(traces: Sequence[PromptTrace], factories: dict[Hashable, PolicyFactory],
+                  max_window: int = DEFAULT_MAX_WINDOW, progress: bool = False) -> dict[Hashable, SimResult]:
+    """Replay several policies over the same prompts in one batched pass."""
+    if max_window < 0:
+        raise DiscoError(f"--max-window must be 0 or more (got {max_window})")
+    lanes, keys = [], []
+    for name, factory in factories.items():
+        for tr in traces:
+            policy = factory(tr)
+            lanes.append((_replay(tr, policy, max_window), getattr(policy, "model", None)))
+            keys.append(name)
+    results = _drive(lanes, progress)
+    out: dict[Hashable, SimResult] = {}
+    for name in factories:
+        mine = [r for key, r in zip(keys, results) if key == name]
+        out[name] = SimResult([s for s, _ in mine], sum(a for _, a in mine))
+    return out
+
+
+def simulate(traces: Sequence[PromptTrace], factory: PolicyFactory, max_window: int = DEFAULT_MAX_WINDOW,
+             progress: bool = False) -> SimResult:
+    """Replay one policy (a fresh instance per prompt) over the traces."""
+    return simulate_many(traces, {"policy": factory}, max_window, progress)["policy"]

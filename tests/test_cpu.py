@@ -1,0 +1,189 @@
+"""CPU backends (disco/cpu.py): every backend keeps greedy speculative decoding lossless relative
+to its own target-only decoding; the float32 backends keep eager's numbers (up to rounding)."""
+
+import copy
+import gc
+import json
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from disco.cpu import (
+    CPU_BACKEND_HELP,
+    CPU_BACKENDS,
+    DEFAULT_CPU_BACKEND,
+    FLOAT32_EXACT,
+    apply_cpu_backend,
+    cpu_backend_of,
+    linear_weight_bytes,
+)
+from disco.decode import DecodeConfig, speculative_generate, target_generate
+from disco.errors import DiscoError
+from disco.pair import load_pair
+from disco.policy import ConstantPolicy, HeuristicPolicy, ThresholdPolicy
+from tiny import EOS, char_tokenizer, save_tiny, tiny_pair, tiny_qwen
+
+PROMPTS = [[5, 6, 7], [10, 20, 30, 40, 50], [3]]
+
+
+@pytest.fixture(scope="module")
+def eager_pair():
+    return tiny_pair(noise=0.3, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module", params=CPU_BACKENDS)
+def backend_pair(request, eager_pair):
+    target, draft = (apply_cpu_backend(copy.deepcopy(m), request.param) for m in eager_pair)
+    return request.param, target, draft
+
+
+def test_registry_is_consistent():
+    assert DEFAULT_CPU_BACKEND in CPU_BACKENDS and DEFAULT_CPU_BACKEND in FLOAT32_EXACT
+    assert set(CPU_BACKEND_HELP) == set(CPU_BACKENDS)
+    assert all("\n" not in text for text in CPU_BACKEND_HELP.values())  # one line each
+    assert set(FLOAT32_EXACT) <= set(CPU_BACKENDS)
+
+
+def test_every_linear_is_swapped(backend_pair):
+    backend, target, _ = backend_pair
+    plain = sum(type(m) is nn.Linear for m in target.modules())
+    assert plain == (15 if backend == "eager" else 0)  # 2 layers x 7 projections + the LM head
+    assert cpu_backend_of(target) == backend
+
+
+@pytest.mark.parametrize("policy", [lambda: ConstantPolicy(4), lambda: HeuristicPolicy(3), lambda: ThresholdPolicy(0.5)])
+def test_greedy_speculative_equals_own_target_only(backend_pair, policy):
+    backend, target, draft = backend_pair
+    config = DecodeConfig(max_new_tokens=40, max_window=8)
+    for prompt in PROMPTS:
+        want = target_generate(target, prompt, config, {EOS}).tokens
+        got = speculative_generate(target, draft, prompt, policy(), config, {EOS})
+        assert got.tokens == want, backend
+        assert got.stats.drafted > 0
+
+
+def test_float32_backends_keep_eager_logits(backend_pair, eager_pair):
+    backend, target, _ = backend_pair
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42, 7, 9, 11, 30, 31, 60]])
+    with torch.inference_mode():
+        want = eager_pair[0](ids).logits
+        got = target(ids).logits
+    assert got.shape == want.shape and torch.isfinite(got).all()
+    if backend in FLOAT32_EXACT:
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    else:  # int8: another model, but close to the float32 one
+        assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+def test_transformers_generate_runs_on_every_backend(backend_pair):
+    """transformers' own generate() (disco compare's baseline) works on a swapped model too."""
+    backend, target, _ = backend_pair
+    prompt = PROMPTS[1]
+    config = DecodeConfig(max_new_tokens=10)
+    ours = target_generate(target, prompt, config).tokens
+    with torch.inference_mode():
+        hf = target.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    assert hf[0, len(prompt):].tolist() == ours, backend
+
+
+@pytest.mark.parametrize("backend", ["onednn", "int8"])
+def test_rows_are_computed_independently(backend):
+    """A token's result must not depend on the other tokens in the forward (verify k == decode 1):
+    int8 must not share one activation scale across the batch."""
+    lin = nn.Linear(64, 48)
+    model = apply_cpu_backend(nn.Sequential(copy.deepcopy(lin)), backend)
+    x = torch.randn(9, 64) * torch.logspace(-2, 2, 9).unsqueeze(1)  # rows of very different ranges
+    with torch.inference_mode():
+        together = model(x)
+        alone = torch.cat([model(x[i : i + 1]) for i in range(9)])
+        ref = lin(x)
+    if backend == "int8":
+        assert torch.equal(together, alone)
+    else:
+        torch.testing.assert_close(together, alone)
+    torch.testing.assert_close(together, ref, rtol=0.05 if backend == "int8" else 1e-5, atol=0.05 * ref.abs().max().item())
+
+
+def test_three_dimensional_input_and_bias():
+    lin = nn.Linear(16, 8, bias=True)
+    x = torch.randn(2, 3, 16)
+    for backend in CPU_BACKENDS:
+        model = apply_cpu_backend(nn.Sequential(copy.deepcopy(lin)), backend)
+        with torch.inference_mode():
+            y = model(x)
+        assert y.shape == (2, 3, 8)
+        torch.testing.assert_close(y, lin(x).detach(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("backend", ["onednn", "int8"])
+def test_repacking_backends_drop_the_original_weights(backend):
+    model = tiny_qwen(dtype=torch.float32)
+    refs = [weakref.ref(m.weight) for m in model.modules() if type(m) is nn.Linear]
+    apply_cpu_backend(model, backend)
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_weight_bytes():
+    eager = linear_weight_bytes(tiny_qwen(dtype=torch.float32))
+    assert linear_weight_bytes(apply_cpu_backend(tiny_qwen(dtype=torch.float32), "onednn")) == eager
+    int8 = linear_weight_bytes(apply_cpu_backend(tiny_qwen(dtype=torch.float32), "int8"))
+    assert 0.2 * eager < int8 < 0.4 * eager
+
+
+def test_bad_backend_and_bad_dtype_are_clear_errors():
+    with pytest.raises(DiscoError, match="unknown CPU backend 'fast'"):
+        apply_cpu_backend(tiny_qwen(dtype=torch.float32), "fast")
+    model = tiny_qwen(dtype=torch.float64)
+    with pytest.raises(DiscoError, match="float32"):
+        apply_cpu_backend(model, "onednn")
+    assert sum(type(m) is nn.Linear for m in model.modules()) == 15
+    assert cpu_backend_of(apply_cpu_backend(model, "transposed")) == "transposed"  # any dtype
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpu_pair")
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    tok = char_tokenizer()
+    return save_tiny(target, tok, root / "target"), save_tiny(draft, tok, root / "draft")
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_load_pair_applies_and_records_the_backend(folders, backend):
+    t, d = folders
+    pair = load_pair(str(t), str(d), device="cpu", cpu_backend=backend)
+    assert pair.describe()["cpu_backend"] == backend
+    assert cpu_backend_of(pair.target) == cpu_backend_of(pair.draft) == backend
+
+
+def test_load_pair_default_backend_and_bad_name(folders):
+    t, d = folders
+    assert load_pair(str(t), str(d), device="cpu").describe()["cpu_backend"] == DEFAULT_CPU_BACKEND
+    with pytest.raises(DiscoError, match="unknown CPU backend"):
+        load_pair(str(t), str(d), device="cpu", cpu_backend="nope")
+
+
+def test_cli_generate_cpu_backend(folders, tmp_path, capsys):
+    from test_cli import cli
+
+    t, d = folders
+    outs = {}
+    for backend in ("eager", "int8"):
+        for policy in ("target", "constant"):
+            path = tmp_path / f"{backend}-{policy}.json"
+            code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "def f(x):",
+                               "--policy", policy, "--max-new-tokens", 12, "--device", "cpu",
+                               "--cpu-backend", backend, "--json", path)
+            assert code == 0, err
+            data = json.loads(path.read_text())
+            assert data["pair"]["cpu_backend"] == backend
+            outs[backend, policy] = data["results"][0]["token_ids"]
+        assert outs[backend, "target"] == outs[backend, "constant"]
+    code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "x", "--device", "cpu",
+                       "--cpu-backend", "fastest")
+    assert code == 2 and "unknown CPU backend 'fastest'" in err and "Traceback" not in err

@@ -1,0 +1,271 @@
+"""The trainer and the classifier artifact: grouped split, threshold chosen by simulated speedup,
+identical predictions after a round trip, refusal of tampered or mismatched artifacts, clear
+errors on bad inputs, `disco train` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from disco.artifact import JoblibModel, load_artifact, save_artifact
+from disco.classifier import ClassifierPolicy
+from disco.decode import DecodeConfig, speculative_generate, target_generate
+from disco.errors import DiscoError
+from disco.features import FEATURES
+from disco.simulate import CostModel, replay_policy, simulate
+from disco.train import (THRESHOLD_GRID, TrainConfig, fit_model, load_trace_data, split_by_prompt, traces_for, train,
+                         tune)
+from test_cli import cli
+from test_simulate import counts, random_traces, synthetic_trace
+
+PAIR = {"target": "/models/tiny-target", "draft": "/models/tiny-draft", "tokenizer_hash": "abc"}
+
+
+def write_traces(folder: Path, df, pair=PAIR, max_new=None, manifest=True) -> Path:
+    folder.mkdir(parents=True)
+    df.to_parquet(folder / "shard-00000.parquet")
+    if manifest:
+        (folder / "manifest.json").write_text(json.dumps({"pair": pair, "features": list(FEATURES),
+                                                          "max_new_tokens": max_new}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def traces_dir(tmp_path_factory):
+    return write_traces(tmp_path_factory.mktemp("traces") / "t", random_traces(30, 50, seed=0))
+
+
+@pytest.fixture(scope="module")
+def data(traces_dir):
+    d = load_trace_data([traces_dir])
+    rows = d.rows
+    train_mask, val_mask = split_by_prompt(rows["prompt_id"].to_numpy(), 0.25, 0)
+    drafted = rows["oracle_drafted"].to_numpy(bool)
+    X, y = rows[list(FEATURES)].to_numpy(float), rows["label"].to_numpy(int)
+    return d, X, y, train_mask & drafted, val_mask & drafted, traces_for(d, val_mask)
+
+
+# --- split and threshold -------------------------------------------------------------------------
+
+
+def test_split_is_by_prompt(data):
+    rows = data[0].rows
+    ids = rows["prompt_id"].to_numpy()
+    for seed in range(5):
+        train_mask, val_mask = split_by_prompt(ids, 0.25, seed)
+        assert (train_mask ^ val_mask).all()  # every row on exactly one side
+        train_ids, val_ids = set(ids[train_mask]), set(ids[val_mask])
+        assert not train_ids & val_ids
+        assert len(val_ids) in (7, 8) and len(train_ids | val_ids) == 30
+    with pytest.raises(DiscoError, match="val-fraction"):
+        split_by_prompt(ids, 1.0, 0)
+
+
+def test_threshold_is_the_argmax_of_simulated_speedup(data):
+    _, X, y, tr, _, val_traces = data
+    model = fit_model("logistic", X[tr], y[tr])
+    cost = CostModel.default(20)
+    tuned = tune(val_traces, lambda t: replay_policy("classifier", threshold=t, model=model), THRESHOLD_GRID, cost, 20)
+    alone = {t: simulate(val_traces, replay_policy("classifier", threshold=t, model=model), 20).speedup(cost)
+             for t in THRESHOLD_GRID}
+    assert tuned.speedups == pytest.approx(alone)
+    assert tuned.best == max(THRESHOLD_GRID, key=lambda t: (alone[t], -t))
+    assert len(set(np.round(list(alone.values()), 6))) > 3  # the threshold matters on this data
+
+
+def test_best_constant_is_the_longest_window_when_everything_is_accepted():
+    from disco.simulate import prompt_traces
+
+    traces = prompt_traces(synthetic_trace("a", [1] * 40))
+    tuned = tune(traces, lambda k: replay_policy("constant", k=k), list(range(1, 9)), CostModel.default(8), 8)
+    assert tuned.best == 8
+    assert list(tuned.speedups.values()) == sorted(tuned.speedups.values())
+
+
+# --- artifacts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lightgbm", "logistic", "mlp"])
+def test_artifact_round_trip_predicts_identically(data, tmp_path, kind):
+    _, X, y, tr, va, val_traces = data
+    model = fit_model(kind, X[tr], y[tr], seed=1)
+    save_artifact(tmp_path / "m", model, {"threshold": 0.6, "pair": PAIR})
+    art = load_artifact(tmp_path / "m", expect_pair=PAIR)
+    assert art.kind == kind and art.threshold == 0.6
+    assert np.array_equal(art.predict_proba(X[va]), model.predict_proba(X[va]))
+    assert art.predict_proba(X[0]).shape == (1,)
+    predict = art.torch_predictor("cpu")  # the live path: (F,) tensor -> 0-dim probability
+    live = [float(predict(torch.tensor(row, dtype=torch.float32))) for row in X[va][:20]]
+    assert np.allclose(live, art.predict_proba(X[va][:20].astype(np.float32)), atol=1e-5)
+    # the classifier policy simulates the same with the artifact as with the in-memory model
+    a = simulate(val_traces, replay_policy("classifier", threshold=0.6, model=model), 20)
+    b = simulate(val_traces, replay_policy("classifier", threshold=0.6, model=art), 20)
+    assert [counts(s) for s in a.stats] == [counts(s) for s in b.stats]
+
+
+@pytest.fixture()
+def artifact(data, tmp_path):
+    _, X, y, tr, _, _ = data
+    return save_artifact(tmp_path / "m", fit_model("logistic", X[tr], y[tr]), {"threshold": 0.5, "pair": PAIR})
+
+
+def test_tampered_model_is_refused(artifact):
+    model = json.loads((artifact / "model.json").read_text())
+    model["layers"][0]["b"][0] += 1.0
+    (artifact / "model.json").write_text(json.dumps(model))
+    with pytest.raises(DiscoError, match="modified after training"):
+        load_artifact(artifact)
+
+
+def test_other_feature_list_is_refused(artifact):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest["features"] = manifest["features"][:-1]
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DiscoError, match=r"another feature list.*missing \['prev_accepted'\]"):
+        load_artifact(artifact)
+
+
+def test_other_pair_is_refused(artifact):
+    assert load_artifact(artifact, expect_pair={**PAIR, "target": "/moved/tiny-target"}).threshold == 0.5
+    with pytest.raises(DiscoError, match="another tokenizer"):
+        load_artifact(artifact, expect_pair={**PAIR, "tokenizer_hash": "def"})
+    with pytest.raises(DiscoError, match="trained for draft /models/tiny-draft, not other"):
+        load_artifact(artifact, expect_pair={**PAIR, "draft": "other"})
+
+
+def test_damaged_or_missing_artifact_is_refused(artifact, tmp_path):
+    with pytest.raises(DiscoError, match="not a classifier artifact"):
+        load_artifact(tmp_path / "nothing")
+    (artifact / "manifest.json").write_text("{")
+    with pytest.raises(DiscoError, match="not valid JSON"):
+        load_artifact(artifact)
+
+
+def test_pickled_model_needs_trust(data, tmp_path):
+    from sklearn.tree import DecisionTreeClassifier
+
+    _, X, y, tr, va, _ = data
+    model = JoblibModel(DecisionTreeClassifier(max_depth=3).fit(X[tr], y[tr]))
+    with pytest.raises(DiscoError, match="trust-pickle"):
+        save_artifact(tmp_path / "p", model, {"threshold": 0.5})
+    save_artifact(tmp_path / "p", model, {"threshold": 0.5}, trust_pickle=True)
+    with pytest.raises(DiscoError, match="pickled model.*--trust-pickle"):
+        load_artifact(tmp_path / "p")
+    art = load_artifact(tmp_path / "p", trust_pickle=True)
+    assert np.array_equal(art.predict_proba(X[va]), model.predict_proba(X[va]))
+
+
+def test_wrong_feature_width_is_a_clear_error(artifact):
+    with pytest.raises(DiscoError, match=f"rows of {len(FEATURES)} features"):
+        load_artifact(artifact).predict_proba(np.zeros((2, 3)))
+
+
+# --- bad inputs --------------------------------------------------------------------------------
+
+
+def test_bad_inputs_are_clear_errors(tmp_path):
+    good = random_traces(4, 20, seed=5)
+    with pytest.raises(DiscoError, match="no traces given"):
+        load_trace_data([])
+    with pytest.raises(DiscoError, match="no trace folder"):
+        load_trace_data([tmp_path / "missing"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DiscoError, match="no .parquet trace shards"):
+        load_trace_data([tmp_path / "empty"])
+    ones = synthetic_trace("a", [1] * 20)
+    with pytest.raises(DiscoError, match="every drafted token in the traces is accepted"):
+        load_trace_data([write_traces(tmp_path / "ones", ones.assign(prompt_id=["a", "b"] * 10))])
+    with pytest.raises(DiscoError, match="lack columns training needs: copy_1, copy_2"):
+        load_trace_data([write_traces(tmp_path / "cols", good.drop(columns=["copy_1", "copy_2"]))])
+    with pytest.raises(DiscoError, match="no manifest.json"):
+        load_trace_data([write_traces(tmp_path / "nomanifest", good, manifest=False)])
+    other = write_traces(tmp_path / "other", good.assign(prompt_id=good["prompt_id"] + "x"),
+                         pair={**PAIR, "tokenizer_hash": "zzz"})
+    with pytest.raises(DiscoError, match="different pairs"):
+        load_trace_data([write_traces(tmp_path / "good", good), other])
+    with pytest.raises(DiscoError, match="single prompt"):
+        load_trace_data([write_traces(tmp_path / "one", good[good["prompt_id"] == "p0"])])
+    with pytest.raises(DiscoError, match="unknown model 'svm'"):
+        train(TrainConfig([tmp_path / "good"], tmp_path / "out", model="svm"))
+    with pytest.raises(DiscoError, match="profile not found"):
+        train(TrainConfig([tmp_path / "good"], tmp_path / "out", profile=tmp_path / "nope.json"))
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"c_d": 0.01, "c_t": [0.03, 0.031]}))
+    with pytest.raises(DiscoError, match="rerun disco profile with --max-window 20"):
+        train(TrainConfig([tmp_path / "good"], tmp_path / "out", profile=short))
+
+
+# --- end to end ---------------------------------------------------------------------------------
+
+
+def test_disco_train_command(traces_dir, tmp_path, capsys):
+    out = tmp_path / "models" / "clf"
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"c_d": 0.004, "c_t": [0.01 * (1 + 0.03 * k) for k in range(9)]}))
+    code, stdout, err = cli(capsys, "train", "--traces", traces_dir, "--out", out, "--model", "logistic",
+                            "--profile", profile, "--max-window", 8, "--ablate")
+    assert code == 0, err
+    for policy in ("| oracle |", "| classifier | t = ", "| threshold | tau = 0.4 (transformers)", "| constant | k = ",
+                   "| heuristic |", "ROC-AUC", "| all − copy_* |", "| all − class_* |", "| DISCO inputs only | 12 |"):
+        assert policy in stdout, policy
+    manifest = json.loads((out / "manifest.json").read_text())
+    art = load_artifact(out, expect_pair=PAIR)
+    assert art.threshold == manifest["tuned"]["classifier_threshold"] in THRESHOLD_GRID
+    assert manifest["cost_model"]["source"] == str(profile)
+    assert set(manifest["validation_metrics"]) >= {"roc_auc", "pr_auc", "log_loss", "accuracy"}
+    assert manifest["training"]["traces"][0]["pair"] == PAIR
+    assert set(manifest["training"]["val_prompt_ids"]) < {f"p{i}" for i in range(30)}
+    speedups = {row["setting"]: row["speedup"] for row in manifest["speedups"]}
+    # the ablation's "all features" row is the saved model, tuned the same way
+    assert speedups[f"t = {art.threshold:g} (tuned)"] == pytest.approx(manifest["ablation"][1]["speedup"])
+    assert (out / "metrics.md").read_text().startswith("# disco classifier")
+    code, _, err = cli(capsys, "train", "--traces", tmp_path / "nope", "--out", out)
+    assert code == 2 and err.count("\n") == 1 and "no trace folder" in err
+
+
+def test_collect_train_and_decode_with_the_classifier(tmp_path):
+    """The whole pipeline on a tiny pair: disco collect -> disco train -> the live classifier policy,
+    lossless, and deciding as the simulator predicted on the validation prompts."""
+    from disco.collect import collect
+    from disco.pair import pair_from_models
+    from disco.prompts import Prompt
+    from disco.simulate import prompt_traces, read_traces
+    from tiny import char_tokenizer, tiny_pair
+
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    pair = pair_from_models(target, draft, char_tokenizer(), "tiny")
+    prompts = [Prompt(f"q{i}", "code", f"def f{i}(x): return x * {i} +") for i in range(16)]
+    config = DecodeConfig(max_new_tokens=24, max_window=6)
+    collect(pair, prompts, tmp_path / "traces", config, progress=False)
+    report = train(TrainConfig([tmp_path / "traces"], tmp_path / "clf", model="logistic", max_window=6,
+                               val_fraction=0.25, progress=False))
+
+    policy = ClassifierPolicy.for_pair(tmp_path / "clf", pair)
+    assert policy.threshold == report.threshold
+    df = read_traces([tmp_path / "traces"])[0].rows
+    val = set(report.split["val_prompt_ids"])
+    exact = 0
+    for prompt in prompts:
+        if prompt.id not in val:
+            continue
+        ids = pair.encode(prompt.prompt)
+        ref = target_generate(target, ids, config, pair.eos_token_ids).tokens
+        real = speculative_generate(target, draft, ids, policy.fresh(), config, pair.eos_token_ids)
+        assert real.tokens == ref
+        sim = simulate(prompt_traces(df[df["prompt_id"] == prompt.id], 24),
+                       replay_policy("classifier", threshold=policy.threshold, model=policy.model), 6)
+        s = sim.stats[0]
+        assert (s.new_tokens, s.target_forwards) == (real.stats.new_tokens, real.stats.target_forwards)
+        if sim.approx_drafts == 0 and len(ref) == 24:  # no draft past a mismatch or past EOS: exact
+            assert counts(s) == counts(real.stats)
+            exact += 1
+    assert exact > 0
+
+    other = pair_from_models(target, draft, char_tokenizer(), "tiny")
+    other.tokenizer.add_special_tokens({"bos_token": "<s>"})
+    with pytest.raises(DiscoError, match="another tokenizer"):
+        ClassifierPolicy.for_pair(tmp_path / "clf", other)
