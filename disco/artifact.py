@@ -256,6 +256,13 @@ def save_artifact(folder: str | Path, model: Model, manifest: dict, report_md: s
     return folder
 
 
+def _model_name(source: str) -> str:
+    """A model's name without its location: "embedded:qwen2.5-coder-1.5b-instruct", the cached
+    folder ~/.cache/disco/embedded/qwen2.5-coder-1.5b-instruct and "Qwen/…-1.5B-Instruct" style ids
+    compare by their last component."""
+    return Path(str(source)).name.split(":")[-1].lower()
+
+
 def _check_pair(manifest: dict, expect_pair, path: Path) -> None:
     """Refuse an artifact trained for another pair (different tokenizer or models)."""
     want = expect_pair.describe() if hasattr(expect_pair, "describe") else dict(expect_pair)
@@ -266,7 +273,7 @@ def _check_pair(manifest: dict, expect_pair, path: Path) -> None:
     for role in ("target", "draft"):
         # compare model names, not paths: a moved model folder is the same model
         a, b = have.get(role), want.get(role)
-        if a and b and Path(str(a)).name != Path(str(b)).name:
+        if a and b and _model_name(a) != _model_name(b):
             raise DiscoError(f"{path} was trained for {role} {a}, not {b}: train a classifier on this pair's traces")
 
 

@@ -11,6 +11,7 @@ import typer
 from disco.collect import DEFAULT_SHARD_PROMPTS
 from disco.cpu import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.decode import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
+from disco.demo import DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK
 from disco.errors import DiscoError
 from disco.policy import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, POLICY_NAMES, PolicySpec
 from disco.profile import DEFAULT_CONTEXT, DEFAULT_REPEATS, DEFAULT_WARMUP
@@ -117,6 +118,12 @@ def compare(
     config = DecodeConfig(max_new_tokens=max_new_tokens, max_window=max_window)
     config.validate()
     items = [p for f in prompts for p in load_prompts(f, limit)]
+    if classifier is not None:  # tuned baselines from the artifact unless given
+        from disco.compare import tuned_from_artifact
+
+        art_k, art_threshold = tuned_from_artifact(classifier)
+        tuned_k = art_k if tuned_k is None else tuned_k
+        tuned_threshold = art_threshold if tuned_threshold is None else tuned_threshold
     entries = default_entries(classifier, tuned_k, tuned_threshold, include_hf=hf)
     _say("loading the pair …")
     pair = load_pair(target, draft, device, dtype)
@@ -214,6 +221,19 @@ def profile(
     atomic_write_json(path, result)
     typer.echo(format_profile(result))
     _say(f"wrote {path} (use it with: disco train --profile {path})")
+
+
+@app.command()
+def demo(
+    full: bool = typer.Option(False, help="Run the whole pipeline: collect traces, train, then compare."),
+    out: Path = typer.Option(Path("runs/demo"), help="Folder for the results (and --full's traces and classifier)."),
+    per_task: int = typer.Option(DEMO_PER_TASK, help="Held-out test prompts per task (code, explain, write)."),
+    max_new_tokens: int = typer.Option(DEMO_MAX_NEW_TOKENS, help="Tokens to generate per prompt."),
+) -> None:
+    """DISCO on the embedded pair: the shipped classifier against every policy (about 10 min on 2 CPU cores)."""
+    from disco.demo import run_demo
+
+    run_demo(out, full=full, per_task=per_task, max_new_tokens=max_new_tokens)
 
 
 @models_app.command("prepare")

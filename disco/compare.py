@@ -54,6 +54,18 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
     return entries
 
 
+def tuned_from_artifact(path: str | Path) -> tuple[int | None, float | None]:
+    """The baselines `disco train` tuned on the same validation prompts as the classifier
+    (best constant k, best threshold), read from the artifact's manifest (JSON only)."""
+    import json
+
+    manifest = Path(path) / "manifest.json"
+    if not manifest.is_file():
+        raise DiscoError(f"no classifier artifact at {path} (manifest.json missing): train one with `disco train`")
+    tuned = json.loads(manifest.read_text()).get("tuned", {})
+    return tuned.get("k"), tuned.get("threshold")
+
+
 class _CallCounter:
     """Counts a module's forward calls (transformers' loop hides them from us)."""
 

@@ -227,5 +227,5 @@ def load_pair(
 def pair_from_models(target: torch.nn.Module, draft: torch.nn.Module, tokenizer, name: str = "in-memory") -> Pair:
     """A Pair around models already in memory (tests, notebooks, the transformers drop-in)."""
     param = next(target.parameters())
-    return Pair(target, draft, tokenizer, f"{name}:target", f"{name}:draft", param.device, param.dtype,
-                eos_ids(target, tokenizer))
+    names = [getattr(m.config, "_name_or_path", "") or f"{name}:{role}" for m, role in ((target, "target"), (draft, "draft"))]
+    return Pair(target, draft, tokenizer, names[0], names[1], param.device, param.dtype, eos_ids(target, tokenizer))
