@@ -32,6 +32,8 @@ TargetOpt = typer.Option(None, help="Target model: HF model id, local folder or 
 DraftOpt = typer.Option(None, help="Draft model sharing the target's tokenizer (default: embedded pair).")
 DeviceOpt = typer.Option("auto", help="auto (cuda if available, else cpu), cpu or cuda.")
 DtypeOpt = typer.Option("auto", help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16.")
+PairOpt = typer.Option(None, "--pair", help="A pair file, e.g. configs/pairs/opt.yaml (target, draft, dtype, chat); "
+                       "--target, --draft, --dtype other than auto and --chat/--no-chat override it.")
 CpuBackendOpt = typer.Option(DEFAULT_CPU_BACKEND, help="How the CPU computes Linear layers (ignored on cuda): "
                              + "; ".join(f"{b}: {CPU_BACKEND_HELP[b]}" for b in CPU_BACKENDS) + ".")
 
@@ -43,7 +45,7 @@ def _say(msg: str) -> None:
 @app.command()
 def generate(
     prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt, as text."),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="A JSONL file of prompts ({id, task, prompt})."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="A JSONL file of prompts ({id, task, prompt}), a shipped set name or hf:NAME."),
     policy: str = typer.Option("threshold", help=f"Stopping policy: {', '.join(POLICY_NAMES)}."),
     k: int = typer.Option(DEFAULT_K, help="constant: window length; heuristic: first window length."),
     threshold: float = typer.Option(DEFAULT_THRESHOLD, help="threshold: stop after a draft token less likely than this."),
@@ -64,12 +66,13 @@ def generate(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     cpu_backend: str = CpuBackendOpt,
+    pair_file: Optional[Path] = PairOpt,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
     from disco.decode import generate as run_generate
     from disco.files import atomic_write_json
-    from disco.pair import load_pair
-    from disco.prompts import Prompt, load_prompts
+    from disco.pair import load_pair, pair_args
+    from disco.prompts import Prompt, load_prompt_sources
 
     if (prompt is None) == (prompts is None):
         raise DiscoError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
@@ -77,7 +80,8 @@ def generate(
                       classifier_threshold=classifier_threshold, trust_pickle=trust_pickle)
     config = DecodeConfig(max_new_tokens, max_window, temperature, top_p, seed)
     config.validate()
-    items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompts(prompts, limit)
+    items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
+    target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
     pair = load_pair(target, draft, device, dtype, cpu_backend)
     records = []
@@ -95,7 +99,7 @@ def generate(
 
 @app.command()
 def compare(
-    prompts: list[Path] = typer.Option(..., "--prompts", help="JSONL prompt file(s), e.g. data/code-test.jsonl."),
+    prompts: list[str] = typer.Option(..., "--prompts", help="JSONL file(s), shipped set names (code-test,explain-test,write-test) or hf:NAME."),
     out: Path = typer.Option(Path("runs/compare"), help="Folder for compare.json, table.md and the plots."),
     classifier: Optional[str] = typer.Option(None, help="Trained classifier artifact folder (adds the classifier policy)."),
     tuned_k: Optional[int] = typer.Option(None, help="Also run constant k at this (tuned) value."),
@@ -109,15 +113,16 @@ def compare(
     draft: Optional[str] = DraftOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
+    pair_file: Optional[Path] = PairOpt,
 ) -> None:
     """Every policy (and transformers' own assisted generation) on the same prompts, in one run."""
     from disco.compare import default_entries, run_compare
-    from disco.pair import load_pair
-    from disco.prompts import load_prompts
+    from disco.pair import load_pair, pair_args
+    from disco.prompts import load_prompt_sources
 
     config = DecodeConfig(max_new_tokens=max_new_tokens, max_window=max_window)
     config.validate()
-    items = [p for f in prompts for p in load_prompts(f, limit)]
+    items = load_prompt_sources(prompts, limit)
     if classifier is not None:  # tuned baselines from the artifact unless given
         from disco.compare import tuned_from_artifact
 
@@ -125,6 +130,7 @@ def compare(
         tuned_k = art_k if tuned_k is None else tuned_k
         tuned_threshold = art_threshold if tuned_threshold is None else tuned_threshold
     entries = default_entries(classifier, tuned_k, tuned_threshold, include_hf=hf)
+    target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
     pair = load_pair(target, draft, device, dtype)
     result = run_compare(pair, items, entries, config, out, chat)
@@ -150,6 +156,7 @@ def collect(
     draft: Optional[str] = DraftOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
+    pair_file: Optional[Path] = PairOpt,
 ) -> None:
     """Oracle traces: draft features with accept/reject labels at every position of the target's
     greedy output. Rerun the same command to resume. Several processes split the prompts:
@@ -157,12 +164,13 @@ def collect(
     `torchrun --standalone --nproc_per_node N cli.py collect …` (also on CPU)."""
     from disco.collect import collect as run_collect
     from disco.collect import distributed, format_summary
-    from disco.pair import load_pair
+    from disco.pair import load_pair, pair_args
     from disco.prompts import load_prompt_sources
 
     config = DecodeConfig(max_new_tokens=max_new_tokens, max_window=max_window)
     config.validate()
     items = load_prompt_sources(prompts, limit)
+    target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     with distributed() as dist:
         if dist.rank == 0:
             _say(f"loading the pair … ({len(items)} prompts, {dist.world} process{'es' * (dist.world > 1)})")

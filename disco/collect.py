@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 import torch
 
 import disco
-from disco.decode import DecodeConfig, target_generate
+from disco.decode import DecodeConfig, target_generate, teacher_forced_logits
 from disco.errors import DiscoError
 from disco.features import FEATURES, WindowState, token_class_table, token_features
 from disco.files import atomic_write_json
@@ -92,15 +92,6 @@ def oracle_windows(labels: Sequence[bool], max_new_tokens: int, max_window: int)
     return windows
 
 
-def _next_token_logits(model: torch.nn.Module, ids: torch.Tensor, n: int) -> torch.Tensor:
-    """(n, vocab): the model's logits for the last n tokens of `ids`, teacher-forced.
-
-    The distribution for ids[i] comes from the position of ids[i - 1], so feeding ids[:-1] and
-    keeping the last n logits covers exactly y when n = len(y): no logits for the prompt."""
-    out = model(input_ids=ids[:-1].unsqueeze(0), use_cache=False, logits_to_keep=n)
-    return out.logits[0, -n:]
-
-
 @torch.inference_mode()
 def teacher_forced_trace(
     pair: Pair, prompt_ids: Sequence[int], y: Sequence[int], config: DecodeConfig, token_classes: torch.Tensor,
@@ -115,8 +106,8 @@ def teacher_forced_trace(
     ids = torch.tensor([*prompt_ids, *y], dtype=torch.long, device=pair.device)
     y_ids = ids[n_prompt:]
     # Greedy decoding draws from softmax(logits) (decode.warp at temperature 0): the same here.
-    q = torch.softmax(_next_token_logits(pair.draft, ids, n).float(), dim=-1)
-    p = torch.softmax(_next_token_logits(pair.target, ids, n).float(), dim=-1)
+    q = torch.softmax(teacher_forced_logits(pair.draft, ids, n_prompt).float(), dim=-1)
+    p = torch.softmax(teacher_forced_logits(pair.target, ids, n_prompt).float(), dim=-1)
     draft_tok = q.argmax(-1)
     labels = draft_tok == y_ids
     vocab = min(p.shape[-1], q.shape[-1])  # draft and target heads may be padded differently

@@ -103,7 +103,8 @@ def hf_assisted_generate(pair: Pair, prompt_ids: list[int], config: DecodeConfig
         for c in counters:
             c.close()
         pair.draft.generation_config = saved
-    tokens = out[0, len(prompt_ids):].tolist()
+    # a decoder-only output repeats the prompt; an encoder-decoder's starts with the decoder start token
+    tokens = out[0, 1 if pair.target.config.is_encoder_decoder else len(prompt_ids):].tolist()
     stats = GenStats(new_tokens=len(tokens), wall_s=wall,
                      target_forwards=counters[0].calls - 1, draft_forwards=counters[1].calls - 1)  # minus prefill
     return GenResult(tokens, stats)

@@ -123,6 +123,61 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+ROWWISE_ATTENTION = "disco_rowwise"  # the attention the int8 backend registers with transformers
+
+
+def _is_plain_causal(mask: torch.Tensor | None, q_len: int, kv_len: int) -> bool:
+    """Is this attention mask (batch 1) just "every query sees the cache and itself, causally"?"""
+    if mask is None:
+        return True
+    if mask.dim() != 4 or mask.shape[0] != 1 or mask.shape[-2:] != (q_len, kv_len):
+        return False
+    visible = mask if mask.dtype == torch.bool else mask == 0
+    causal = torch.arange(kv_len, device=mask.device) <= torch.arange(kv_len - q_len, kv_len, device=mask.device)[:, None]
+    return bool((visible == causal).all())
+
+
+def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """SDPA one query row at a time, each row exactly as a one-token decode step computes it.
+
+    A transformers attention function (AttentionInterface): query (b, heads, q, d), key/value
+    (b, kv_heads, kv, d) holding the cache plus the q new tokens; returns (b, q, heads, d).
+    Batched attention over k new tokens rounds differently from k one-token steps; with int8
+    activations those last-bit differences flip quantisation steps and grow to whole logits,
+    so verification would disagree with decoding. Per row, verify(k) is bit-identical to k
+    decode steps. Anything but one unpadded sequence falls back to transformers' sdpa."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, heads, q_len, d = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    if (b != 1 or dropout or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None
+            or kwargs.get("position_bias") is not None or not _is_plain_causal(attention_mask, q_len, kv_len)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = query.new_empty(b, q_len, heads, value.shape[-1])
+    for i in range(q_len):
+        seen = kv_len - q_len + i + 1
+        q = query[:, :, i].reshape(b, kv_heads, heads // kv_heads, d)  # a kv head's query heads as rows (GQA)
+        o = torch.nn.functional.scaled_dot_product_attention(q, key[:, :, :seen], value[:, :, :seen], scale=scaling)
+        out[:, i] = o.reshape(b, heads, -1)
+    return out, None
+
+
+def _use_rowwise_attention(model: nn.Module) -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ROWWISE_ATTENTION, rowwise_attention)
+    AttentionMaskInterface.register(ROWWISE_ATTENTION, sdpa_mask)  # for the fallback; plain causal is checked
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "set_attn_implementation"):
+        return  # not a transformers model (a bare layer stack): nothing to set
+    model.set_attn_implementation(ROWWISE_ATTENTION)
+    if config._attn_implementation != ROWWISE_ATTENTION:
+        raise DiscoError(f"--cpu-backend int8 needs a model whose attention goes through transformers' "
+                         f"AttentionInterface ({type(model).__name__} does not): use --cpu-backend onednn")
+
+
 _MODULES = {"transposed": TransposedLinear, "onednn": OneDNNLinear, "int8": Int8Linear}
 _FLOAT32_ONLY = ("onednn", "int8")
 
@@ -149,6 +204,8 @@ def apply_cpu_backend(model: nn.Module, backend: str = DEFAULT_CPU_BACKEND) -> n
         raise DiscoError(f"--cpu-backend {backend} computes in float32 but the model is {param.dtype}: "
                          "use --dtype float32 (the CPU default) or --cpu-backend eager")
     cls = _MODULES[backend]
+    if backend == "int8":
+        _use_rowwise_attention(model)
     names = [name for name, mod in model.named_modules() if type(mod) is nn.Linear]  # names only: no refs
     for name in names:
         parent_name, _, child = name.rpartition(".")

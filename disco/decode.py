@@ -10,7 +10,9 @@ forward feeds exactly the committed tokens a cache is missing, so no token is co
 
 from __future__ import annotations
 
+import inspect
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -49,7 +51,9 @@ class GenStats:
     accepted: int = 0  # draft tokens the target accepted
     windows: list[int] = field(default_factory=list)  # drafted tokens per round
     accepted_per_window: list[int] = field(default_factory=list)  # accepted tokens per round
-    prefill_s: float = 0.0  # prompt prefill, both models
+    prefill_s: float = 0.0  # prompt prefill (and encoding, for encoder-decoders), both models
+    # tokens re-run because a KV cache could not be rolled back (crop failed); 0 when rollback is a crop
+    recomputed_tokens: int = 0
     wall_s: float = 0.0  # the whole call, prefill included
 
     @property
@@ -65,6 +69,8 @@ class GenStats:
             f"{self.new_tokens} tokens in {self.wall_s:.2f}s ({self.tokens_per_s:.2f} tok/s); "
             f"target forwards {self.target_forwards}, draft forwards {self.draft_forwards}, "
             f"accepted {self.accepted}/{self.drafted} drafted ({100 * self.acceptance_rate:.0f}%)"
+            + (f"; {self.recomputed_tokens} tokens re-run (a cache could not be cropped)"
+               if self.recomputed_tokens else "")
         )
 
     def to_dict(self) -> dict:
@@ -77,6 +83,8 @@ class GenStats:
             "windows": self.windows,
             "accepted_per_window": self.accepted_per_window,
             "prefill_s": self.prefill_s,
+            "cache_rollback": "recompute" if self.recomputed_tokens else "crop",
+            "recomputed_tokens": self.recomputed_tokens,
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
         }
@@ -109,23 +117,156 @@ def _pick(probs: torch.Tensor, greedy: bool, gen: torch.Generator | None) -> tor
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
-def _new_cache(model: torch.nn.Module):
-    from transformers import DynamicCache
+# --- model families: what differs between them lives here, not in the loop ------------------------
+#
+# Decoder-only families (Llama, Qwen2, OPT, CodeGen, GPT-NeoX, GPTBigCode, ...) take input_ids and a
+# cache, and compute positions from the cache length. An encoder-decoder (T5) encodes the prompt once;
+# its decoder is then a causal LM over [decoder start token] + output, with an EncoderDecoderCache
+# whose self-attention part is rolled back like any other cache (the cross-attention part stays).
 
-    return DynamicCache(config=model.config)
+
+@dataclass(frozen=True)
+class ModelKind:
+    """How the loop drives one model; found once per model (`model_kind`)."""
+
+    encoder_decoder: bool  # the prompt goes through the encoder once; the decoder is the language model
+    decoder_start: int | None  # first decoder token (encoder-decoders only)
+    logits_to_keep: bool  # forward() takes logits_to_keep; without it the loop slices the logits itself
+
+
+_KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_kind(model: torch.nn.Module) -> ModelKind:
+    kind = _KINDS.get(model)
+    if kind is None:
+        cfg = model.config
+        encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))
+        start = None
+        if encoder_decoder:
+            gen = getattr(model, "generation_config", None)
+            for value in (getattr(gen, "decoder_start_token_id", None), getattr(cfg, "decoder_start_token_id", None),
+                          getattr(cfg, "pad_token_id", None)):  # T5 starts its decoder with the pad token
+                if isinstance(value, int):
+                    start = value
+                    break
+            if start is None:
+                raise DiscoError(f"{type(model).__name__} is an encoder-decoder without a decoder_start_token_id "
+                                 "in its config: set one")
+        kind = ModelKind(encoder_decoder, start, "logits_to_keep" in inspect.signature(model.forward).parameters)
+        _KINDS[model] = kind
+    return kind
+
+
+def check_compatible(target: torch.nn.Module, draft: torch.nn.Module) -> None:
+    """Refuse a pair the loop cannot run: both must be decoder-only, or both encoder-decoders
+    starting their decoders with the same token (their token sequences must line up)."""
+    t, d = model_kind(target), model_kind(draft)
+    if t.encoder_decoder != d.encoder_decoder:
+        which = lambda k: "an encoder-decoder" if k.encoder_decoder else "decoder-only"  # noqa: E731
+        raise DiscoError(f"the target is {which(t)} ({type(target).__name__}) but the draft is {which(d)} "
+                         f"({type(draft).__name__}): pick a draft of the target's family")
+    if t.decoder_start != d.decoder_start:
+        raise DiscoError(f"target and draft start their decoders with different tokens ({t.decoder_start} vs "
+                         f"{d.decoder_start}): pick a draft of the target's family")
+
+
+def _new_cache(model: torch.nn.Module):
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    cache = DynamicCache(config=model.config)
+    if model_kind(model).encoder_decoder:
+        cache = EncoderDecoderCache(cache, DynamicCache(config=model.config))
+    # Sliding-window and linear-attention layers then keep what a rollback needs (transformers' own
+    # assisted generation does the same); full-attention layers are unaffected. (A transformers
+    # without it has no such layers to roll back.)
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache
 
 
 def _truncate(cache, length: int) -> None:
     """Roll a KV cache back to its first `length` positions."""
     extra = cache.get_seq_length() - length
-    if extra > 0:
+    if extra >= 0:  # crop(0) too: it trims sliding-window layers back to their window
         cache.crop(-extra)
 
 
-def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int) -> torch.Tensor:
-    """Feed `ids` (n,) after what `cache` holds; return logits of the last `keep` positions, (keep, vocab)."""
-    out = model(input_ids=ids.unsqueeze(0), cache=cache, use_cache=True, logits_to_keep=keep)
+def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, **inputs) -> torch.Tensor:
+    """Feed `ids` (n,) after what `cache` holds; return logits of the last `keep` positions, (keep, vocab).
+
+    inputs: encoder_outputs for an encoder-decoder (whose `ids` are then decoder tokens)."""
+    kind = model_kind(model)
+    if kind.logits_to_keep:
+        inputs["logits_to_keep"] = keep
+    if kind.encoder_decoder:
+        if "encoder_outputs" not in inputs:
+            raise DiscoError(f"{type(model).__name__} is an encoder-decoder: drive it through ModelState, "
+                             "which encodes the prompt once")
+        inputs["decoder_input_ids"] = ids.unsqueeze(0)
+    else:
+        inputs["input_ids"] = ids.unsqueeze(0)
+    out = model(**inputs, cache=cache, use_cache=cache is not None)
     return out.logits[0, -keep:]
+
+
+class ModelState:
+    """One model's side of a decode: its KV cache and, for an encoder-decoder, the encoded prompt.
+
+    The model's own token sequence is `prefix + output`: the prompt for a decoder-only model,
+    [decoder start token] for an encoder-decoder. The loop speaks in prompt + output positions
+    (`ids`); this class maps them onto the model's sequence. When a cache cannot be rolled back
+    (crop fails), it is dropped and the kept tokens are re-run on the next forward (`recomputed`)."""
+
+    def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, use_cache: bool = True) -> None:
+        self.model, self.n_prompt = model, len(prompt)
+        kind = model_kind(model)
+        self.inputs: dict = {}
+        if kind.encoder_decoder:
+            self.inputs["encoder_outputs"] = model.get_encoder()(input_ids=prompt.unsqueeze(0))
+            self.prefix = prompt.new_tensor([kind.decoder_start])
+        else:
+            self.prefix = prompt
+        self.cache = _new_cache(model) if use_cache else None
+        self.recomputed = 0  # tokens re-run because the cache could not be rolled back
+
+    @property
+    def length(self) -> int:
+        """Tokens of the model's sequence in the cache."""
+        return self.cache.get_seq_length() if self.cache is not None else 0
+
+    def unseen(self, ids: torch.Tensor) -> torch.Tensor:
+        """The tokens of `ids` (prompt + output so far) not in the cache yet, as the model's sequence."""
+        j, p = self.length, len(self.prefix)
+        if j >= p:
+            return ids[self.n_prompt + j - p :]
+        return torch.cat([self.prefix[j:], ids[self.n_prompt :]])
+
+    def forward(self, tokens: torch.Tensor, keep: int) -> torch.Tensor:
+        return _forward(self.model, self.cache, tokens, keep, **self.inputs)
+
+    def prefill(self) -> None:
+        """Feed the prefix except its last token (the pending one)."""
+        if len(self.prefix) > 1:
+            self.forward(self.prefix[:-1], 1)
+
+    def truncate(self, n_ids: int) -> None:
+        """Keep the cache of the first `n_ids` tokens of prompt + output."""
+        length = max(0, n_ids - self.n_prompt + len(self.prefix))
+        try:
+            _truncate(self.cache, length)
+        except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+            # A cache type without a working crop (a custom or stateful cache): start a fresh one;
+            # `unseen` then hands the next forward every kept token again.
+            self.cache = _new_cache(self.model)
+            self.recomputed += length
+
+
+def teacher_forced_logits(model: torch.nn.Module, ids: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """(len(ids) - n_prompt, vocab): the model's logits predicting each output token of ids = prompt +
+    output, from one forward without a cache (what the loop sees where every earlier token was accepted)."""
+    state = ModelState(model, ids[:n_prompt], use_cache=False)
+    return state.forward(state.unseen(ids)[:-1], len(ids) - n_prompt)
 
 
 def _sync(device: torch.device) -> None:
@@ -159,13 +300,14 @@ def speculative_generate(
 
     _sync(device)
     t0 = time.perf_counter()
-    ids = torch.tensor(prompt_ids, dtype=torch.long, device=device)
-    t_cache = _new_cache(target)
-    d_cache = _new_cache(draft) if max_window > 0 else None
-    if len(prompt_ids) > 1:  # prefill everything but the pending (last) token
-        _forward(target, t_cache, ids[:-1], 1)
-        if d_cache is not None:
-            _forward(draft, d_cache, ids[:-1], 1)
+    ids = torch.tensor(prompt_ids, dtype=torch.long, device=device)  # prompt + output so far
+    if max_window > 0:
+        check_compatible(target, draft)
+    t_state = ModelState(target, ids)
+    d_state = ModelState(draft, ids) if max_window > 0 else None
+    for state in (t_state, d_state):
+        if state is not None:
+            state.prefill()  # everything but the pending (last) token
     _sync(device)
     stats.prefill_s = time.perf_counter() - t0
     n_prompt = len(prompt_ids)
@@ -178,9 +320,9 @@ def speculative_generate(
         q_rows: list[torch.Tensor] = []
         if k_max > 0:
             policy.start()
-            feed = ids[d_cache.get_seq_length() :]
+            feed = d_state.unseen(ids)
             for pos in range(1, k_max + 1):
-                logits = _forward(draft, d_cache, feed, 1)[0]
+                logits = d_state.forward(feed, 1)[0]
                 stats.draft_forwards += 1
                 q = warp(logits, config.temperature, config.top_p)
                 tok = _pick(q, greedy, gen)
@@ -194,16 +336,16 @@ def speculative_generate(
 
         # 2. Verify: one target forward over the pending token(s) and every draft token.
         draft_ids = torch.stack(drafted) if drafted else ids.new_empty(0)
-        t_logits = _forward(target, t_cache, torch.cat([ids[t_cache.get_seq_length() :], draft_ids]), k + 1)
+        t_logits = t_state.forward(torch.cat([t_state.unseen(ids), draft_ids]), k + 1)
         stats.target_forwards += 1
-        p = warp(t_logits, config.temperature, config.top_p)  # (k + 1, vocab)
 
         # 3. Accept: the longest agreeing prefix, then the target's own next token.
         if greedy:
-            target_tokens = p.argmax(-1)
+            target_tokens = t_logits.argmax(-1)  # (k + 1,)
             n = int((draft_ids == target_tokens[:k]).cumprod(0).sum())
             next_tok = target_tokens[n]
         else:
+            p = warp(t_logits, config.temperature, config.top_p)  # (k + 1, vocab)
             n, next_tok = _rejection_sample(p, q_rows, draft_ids, gen)
         new = torch.cat([draft_ids[:n], next_tok.view(1)])
 
@@ -216,9 +358,9 @@ def speculative_generate(
         new_list = new_list[: config.max_new_tokens - len(out)]
         out.extend(new_list)
         ids = torch.cat([ids, new[: len(new_list)]])
-        _truncate(t_cache, len(ids) - 1)
-        if d_cache is not None:
-            _truncate(d_cache, len(ids) - 1)
+        t_state.truncate(len(ids) - 1)
+        if d_state is not None:
+            d_state.truncate(len(ids) - 1)
 
         # 5. Record.
         if k > 0:
@@ -233,6 +375,7 @@ def speculative_generate(
     _sync(device)
     stats.wall_s = time.perf_counter() - t0
     stats.new_tokens = len(out)
+    stats.recomputed_tokens = t_state.recomputed + (d_state.recomputed if d_state is not None else 0)
     assert len(ids) == n_prompt + len(out)
     return GenResult(out, stats)
 

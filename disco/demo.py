@@ -15,7 +15,7 @@ from disco.pair import load_pair
 from disco.prompts import DATA_DIR, load_prompts
 
 REPO_DIR = Path(__file__).resolve().parent.parent
-SHIPPED_CLASSIFIER = REPO_DIR / "models" / "embedded-qwen2.5-coder"  # made by bench/train_embedded.sh
+SHIPPED_CLASSIFIER = REPO_DIR / "models" / "embedded-qwen2.5-coder"  # made by bench/embedded_pipeline.sh
 TASKS = ("code", "explain", "write")
 DEMO_PER_TASK = 1  # test prompts per task in the default demo
 DEMO_MAX_NEW_TOKENS = 64

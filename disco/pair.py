@@ -20,6 +20,11 @@ from disco.errors import DiscoError
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBEDDED_NAME = "embedded"  # what the CLI and manifests call the default pair
+# T5's feed-forward reads its Linear layers' .weight (a dtype check), which the packed CPU backends
+# (oneDNN, int8) do not keep: encoder-decoders on the CPU use the transposed backend instead of
+# oneDNN (the same float32 math on the original weights; Pair.describe() records it).
+_PACKED_CPU_BACKENDS = ("onednn", "int8")
+ENCODER_DECODER_CPU_BACKEND = "transposed"
 
 
 @dataclass
@@ -109,12 +114,27 @@ def _from_pretrained_args(source: str) -> tuple[str, dict]:
     return source, {}  # a hub model id: transformers downloads it (users have the network)
 
 
-def load_model(source: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+def load_config(source: str):
+    """The model's transformers config (small: read before any weights)."""
+    from transformers import AutoConfig
 
     name, extra = _from_pretrained_args(source)
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **extra)
+        return AutoConfig.from_pretrained(name, **extra)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DiscoError(f"could not load the config of model {source!r}: {first}") from e
+
+
+def load_model(source: str, device: torch.device, dtype: torch.dtype, config=None) -> torch.nn.Module:
+    """A causal LM, or a sequence-to-sequence LM (T5) when the config says encoder-decoder."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    name, extra = _from_pretrained_args(source)
+    config = config if config is not None else load_config(source)
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    try:
+        model = auto.from_pretrained(name, config=config, dtype=dtype, **extra)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DiscoError(f"could not load model {source!r}: {first}") from e
@@ -216,8 +236,18 @@ def load_pair(
     dt = resolve_dtype(dtype, dev)
     target_tok = load_tokenizer(target)
     check_same_tokenizer(target_tok, load_tokenizer(draft), *names)
-    target_model = load_model(target, dev, dt)
-    draft_model = load_model(draft, dev, dt)
+    configs = load_config(target), load_config(draft)
+    kinds = [bool(getattr(c, "is_encoder_decoder", False)) for c in configs]
+    if kinds[0] != kinds[1]:  # refuse before loading any weights
+        role = lambda enc: "an encoder-decoder" if enc else "decoder-only"  # noqa: E731
+        raise DiscoError(f"target {names[0]} is {role(kinds[0])} but draft {names[1]} is {role(kinds[1])}: "
+                         "pick a draft of the target's family")
+    if kinds[0] and dev.type == "cpu" and cpu_backend in _PACKED_CPU_BACKENDS:
+        if cpu_backend == "int8":
+            raise DiscoError("--cpu-backend int8 does not support encoder-decoder models (T5): use transposed or eager")
+        cpu_backend = ENCODER_DECODER_CPU_BACKEND
+    target_model = load_model(target, dev, dt, configs[0])
+    draft_model = load_model(draft, dev, dt, configs[1])
     if dev.type == "cpu":
         apply_cpu_backend(target_model, cpu_backend)
         apply_cpu_backend(draft_model, cpu_backend)
@@ -229,3 +259,59 @@ def pair_from_models(target: torch.nn.Module, draft: torch.nn.Module, tokenizer,
     param = next(target.parameters())
     names = [getattr(m.config, "_name_or_path", "") or f"{name}:{role}" for m, role in ((target, "target"), (draft, "draft"))]
     return Pair(target, draft, tokenizer, names[0], names[1], param.device, param.dtype, eos_ids(target, tokenizer))
+
+
+# --- pair files: configs/pairs/*.yaml -----------------------------------------------------------
+
+PAIR_CONFIG_KEYS = {
+    "target": "target model: HF model id, local folder or .gguf file (required)",
+    "draft": "draft model sharing the target's tokenizer (required)",
+    "dtype": f"one of {', '.join(DTYPES)} (default auto)",
+    "chat": "apply the tokenizer's chat template: true, false, or absent for the tokenizer's default",
+    "name": "a short name for the pair",
+    "family": "the model family (documentation only)",
+    "source": "where the pair was published (documentation only)",
+    "notes": "free text (documentation only)",
+}
+
+
+def load_pair_config(path: str | Path) -> dict:
+    """A pair file (`disco generate --pair configs/pairs/opt.yaml`): {target, draft, dtype, chat, ...}.
+
+    Only target and draft are required; dtype defaults to "auto" and chat to None (the
+    tokenizer's default). Unknown keys are refused, so a typo cannot pass silently."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise DiscoError(f"no pair file at {path} (see configs/pairs/ for the published pairs)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise DiscoError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from e
+    if not isinstance(data, dict):
+        raise DiscoError(f"{path} must be a YAML mapping with at least target: and draft:")
+    unknown = sorted(set(data) - set(PAIR_CONFIG_KEYS))
+    if unknown:
+        raise DiscoError(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(PAIR_CONFIG_KEYS)}")
+    for key in ("target", "draft"):
+        if not isinstance(data.get(key), str) or not data[key].strip():
+            raise DiscoError(f"{path}: {key}: must name a model (HF model id, folder or .gguf file)")
+    data.setdefault("dtype", "auto")
+    if not isinstance(data["dtype"], str) or data["dtype"] not in DTYPES:
+        raise DiscoError(f"{path}: dtype {data['dtype']!r} is not one of {', '.join(DTYPES)}")
+    data.setdefault("chat", None)
+    if data["chat"] is not None and not isinstance(data["chat"], bool):
+        raise DiscoError(f"{path}: chat must be true or false (got {data['chat']!r})")
+    return data
+
+
+def pair_args(pair_file: str | Path | None, target: str | None, draft: str | None, dtype: str,
+              chat: bool | None) -> tuple[str | None, str | None, str, bool | None]:
+    """(target, draft, dtype, chat) for the CLI: those of the pair file `--pair`, except the ones
+    given explicitly (a dtype other than "auto", a chat choice other than None)."""
+    if pair_file is None:
+        return target, draft, dtype, chat
+    cfg = load_pair_config(pair_file)
+    return (target or cfg["target"], draft or cfg["draft"], cfg["dtype"] if dtype == "auto" else dtype,
+            cfg["chat"] if chat is None else chat)
