@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}
 TRAIN_PER_TASK=${TRAIN_PER_TASK:-6}   # shipped train prompts per task to trace
-TEST_PER_TASK=${TEST_PER_TASK:-1}      # held-out test prompts per task to compare on
+TEST_PER_TASK=${TEST_PER_TASK:-2}      # held-out test prompts per task to compare on
 MAX_NEW=${MAX_NEW:-64}                 # new tokens per prompt
 OUT=${OUT:-bench/embedded}
 mkdir -p "$OUT"

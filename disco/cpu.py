@@ -16,8 +16,12 @@ interface (what torch.ao's quantize_dynamic does); transformers' code is not tou
 Float32 backends change only rounding (logits within ~1e-4 of eager); `int8` changes what the
 model computes, so Pair.describe() records the backend in every trace and artifact manifest.
 Greedy speculative decoding stays lossless under every backend relative to the same backend's
-target-only decoding: each row of a batch is computed independently of the other rows (int8
-quantises every token with its own scale, never with a scale shared across the batch).
+target-only decoding. For float32 this is the usual "up to last-bit rounding" (a batched
+forward rounds a little differently from one-token steps, eager included). int8 would amplify
+those last bits into whole-logit differences (a flipped rounding of a quantised activation), so
+it makes verify(k) bit-identical to k decode steps: every token is quantised with its own scale
+(never one shared across the batch) and attention runs one query row at a time through a
+function registered with transformers' AttentionInterface (its public extension point).
 
 Memory: `onednn` and `int8` replace each weight by a repacked copy one layer at a time and
 drop the original, so at most one extra layer is held while converting.
@@ -39,7 +43,7 @@ CPU_BACKEND_HELP = {
     "eager": "F.linear as loaded (PyTorch/MKL default; slow for 2-16 rows)",
     "transposed": "float32, (W @ x^T)^T on the same weights (no copy)",
     "onednn": "float32, weights prepacked for oneDNN: verifying k tokens costs ~one step",
-    "int8": "int8 weights + per-token int8 activations (fbgemm): ~4x fewer bytes, changes numerics",
+    "int8": "int8 weights + per-token int8 activations (fbgemm): ~4x fewer bytes; changes the target's numbers",
 }
 FLOAT32_EXACT = ("eager", "transposed", "onednn")  # same math as eager up to float rounding
 
@@ -195,8 +199,11 @@ def apply_cpu_backend(model: nn.Module, backend: str = DEFAULT_CPU_BACKEND) -> n
     module is replaced (a weight shared with another module — tied embeddings — stays alive
     through that module)."""
     check_cpu_backend(backend)
-    if backend == "eager":
+    current = cpu_backend_of(model)
+    if backend == current:
         return model
+    if current != "eager":
+        raise DiscoError(f"this model already runs on CPU backend {current!r}: load it again for {backend!r}")
     param = next(model.parameters(), None)
     if param is not None and param.device.type != "cpu":
         raise DiscoError(f"--cpu-backend {backend} applies to models on the CPU (this one is on {param.device})")

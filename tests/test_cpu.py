@@ -143,6 +143,9 @@ def test_bad_backend_and_bad_dtype_are_clear_errors():
         apply_cpu_backend(model, "onednn")
     assert sum(type(m) is nn.Linear for m in model.modules()) == 15
     assert cpu_backend_of(apply_cpu_backend(model, "transposed")) == "transposed"  # any dtype
+    assert apply_cpu_backend(model, "transposed") is model  # applying it again is a no-op
+    with pytest.raises(DiscoError, match="already runs on CPU backend 'transposed'"):
+        apply_cpu_backend(model, "int8")
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +190,36 @@ def test_cli_generate_cpu_backend(folders, tmp_path, capsys):
     code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "x", "--device", "cpu",
                        "--cpu-backend", "fastest")
     assert code == 2 and "unknown CPU backend 'fastest'" in err and "Traceback" not in err
+
+
+def test_int8_verify_is_bit_identical_to_decode_steps():
+    """int8 quantises activations: a last-bit difference between a batched forward and one-token
+    steps would flip quantisation steps and grow to whole logits. Per-token scales plus per-row
+    attention make verify(k) exactly k decode steps."""
+    from disco.decode import _forward, _new_cache
+
+    model = apply_cpu_backend(tiny_qwen(dtype=torch.float32, layers=3), "int8")
+    ids = torch.tensor([5, 9, 14, 3, 77, 41, 8, 8, 60, 23, 12, 90, 33, 2])
+    with torch.inference_mode():
+        batched_cache, step_cache = _new_cache(model), _new_cache(model)
+        _forward(model, batched_cache, ids[:5], 1)
+        _forward(model, step_cache, ids[:5], 1)
+        batched = _forward(model, batched_cache, ids[5:], len(ids) - 5)
+        steps = torch.cat([_forward(model, step_cache, ids[i : i + 1], 1) for i in range(5, len(ids))])
+    assert torch.equal(batched, steps)
+    for layer in range(3):
+        assert torch.equal(batched_cache.layers[layer].keys, step_cache.layers[layer].keys)
+
+
+def test_rowwise_attention_matches_sdpa_and_falls_back_for_padded_batches():
+    eager = tiny_qwen(dtype=torch.float32)
+    int8 = apply_cpu_backend(copy.deepcopy(eager), "int8")
+    sdpa = copy.deepcopy(int8)
+    sdpa.set_attn_implementation("sdpa")
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42, 7, 9], [0, 0, 0, 16, 23, 42, 7, 9]])
+    mask = torch.tensor([[1] * 8, [0, 0, 0, 1, 1, 1, 1, 1]])
+    with torch.inference_mode():
+        one = int8(ids[:1]).logits
+        torch.testing.assert_close(one, sdpa(ids[:1]).logits, rtol=0.05, atol=0.05 * one.abs().max().item())
+        padded = int8(ids, attention_mask=mask).logits  # batch 2 with padding: transformers' sdpa path
+        torch.testing.assert_close(padded, sdpa(ids, attention_mask=mask).logits)
