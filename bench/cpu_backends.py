@@ -36,20 +36,10 @@ from disco.cpu import CPU_BACKEND_HELP, CPU_BACKENDS, FLOAT32_EXACT, apply_cpu_b
 from disco.decode import DecodeConfig, _forward, _new_cache, _truncate, speculative_generate, target_generate  # noqa: E402
 from disco.pair import eos_ids, encode_prompt, load_model, load_tokenizer  # noqa: E402
 from disco.policy import ThresholdPolicy  # noqa: E402
+from disco.profile import context_ids  # noqa: E402
 from disco.prompts import DATA_DIR, load_prompts  # noqa: E402
 
 CPU = torch.device("cpu")
-CONTEXT_TEXT = (  # ordinary code, repeated to the context length
-    "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
-    '    """Merge two sorted lists into one sorted list in linear time."""\n'
-    "    out, i, j = [], 0, 0\n"
-    "    while i < len(a) and j < len(b):\n"
-    "        if a[i] <= b[j]:\n"
-    "            out.append(a[i]); i += 1\n"
-    "        else:\n"
-    "            out.append(b[j]); j += 1\n"
-    "    return out + a[i:] + b[j:]\n\n"
-)
 
 
 def say(msg: str) -> None:
@@ -162,7 +152,7 @@ def main() -> None:
         ks = [1] + ks
     target_dir, draft_dir = (str(p) for p in embedded.prepare_pair(install=False))
     tok = load_tokenizer(target_dir)
-    context = (list(tok(CONTEXT_TEXT)["input_ids"]) * (args.context // 20 + 1))[: args.context]
+    context = context_ids(tok, args.context)
     prompts = [encode_prompt(tok, load_prompts(DATA_DIR / f, 1)[0].prompt, True) for f in args.prompts.split(",")]
     run = {
         "command": "python " + " ".join(sys.argv),

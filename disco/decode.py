@@ -56,6 +56,13 @@ class GenStats:
     recomputed_tokens: int = 0
     wall_s: float = 0.0  # the whole call, prefill included
 
+    def record_window(self, drafted: int, accepted: int) -> None:
+        """One verified window (the loop and the simulator count alike)."""
+        self.windows.append(drafted)
+        self.accepted_per_window.append(accepted)
+        self.drafted += drafted
+        self.accepted += accepted
+
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
@@ -365,10 +372,7 @@ def speculative_generate(
         # 5. Record.
         if k > 0:
             policy.update(k, n)
-            stats.windows.append(k)
-            stats.accepted_per_window.append(n)
-            stats.drafted += k
-            stats.accepted += n
+            stats.record_window(k, n)
         if new_list and new_list[-1] in eos_token_ids:
             break
 

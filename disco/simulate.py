@@ -290,10 +290,7 @@ def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
         # 5. Record.
         if k > 0:
             policy.update(k, n)
-            stats.windows.append(k)
-            stats.accepted_per_window.append(n)
-            stats.drafted += k
-            stats.accepted += n
+            stats.record_window(k, n)
     stats.new_tokens = out
     return stats, approx
 

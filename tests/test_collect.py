@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import disco.collect as collect_mod
-from disco.cli import main
 from disco.collect import (TRACE_COLUMNS, collect, load_traces, oracle_windows, read_manifest,
                            teacher_forced_trace)
 from disco.decode import DecodeConfig, speculative_generate, target_generate
@@ -24,6 +23,7 @@ from disco.features import FEATURES, WindowState, token_class_table, token_featu
 from disco.pair import pair_from_models
 from disco.policy import OraclePolicy
 from disco.prompts import Prompt, load_prompt_sources
+from test_cli import cli
 from tiny import VOCAB, char_tokenizer, save_tiny, tiny_pair
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -327,19 +327,6 @@ def folders(tmp_path_factory):
     return save_tiny(target, tok, root / "target"), save_tiny(draft, tok, root / "draft"), prompts
 
 
-def cli(capsys, *args):
-    argv = sys.argv
-    sys.argv = ["disco", *map(str, args)]
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code or 0
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
 
 def collect_args(folders, out, *more):
     t, d, prompts = folders
@@ -380,7 +367,6 @@ def run_cli(*args, env=None, **kw):
 KILLED_AT_4TH_PROMPT = """
 import os, sys
 import disco.collect as c
-from disco.cli import main
 real, calls = c.teacher_forced_trace, []
 def trace(*args, **kwargs):
     calls.append(1)
@@ -389,6 +375,7 @@ def trace(*args, **kwargs):
     return real(*args, **kwargs)
 c.teacher_forced_trace = trace
 sys.argv = ["disco", *sys.argv[1:]]
+from disco.cli import main
 main()
 """
 
