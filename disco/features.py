@@ -82,6 +82,22 @@ def copy_flags(context: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return flags
 
 
+_TOPK_CHUNK = 128
+
+
+def top_probs(probs: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
+    """The k largest values of a 1-D tensor, descending: equal to probs.topk(k).values.
+
+    ~10x faster than topk over a 150k vocabulary on a CPU (topk alone was a third of a
+    decision's cost): every top-k value lies in one of the k chunks with the largest maxima,
+    so one max-reduction pass picks k chunks and topk runs over k * 128 values only."""
+    pad = (-probs.numel()) % _TOPK_CHUNK
+    chunks = torch.nn.functional.pad(probs, (0, pad), value=float("-inf")).view(-1, _TOPK_CHUNK)
+    if chunks.shape[0] <= k:
+        return probs.topk(k).values
+    return chunks[chunks.amax(1).topk(k).indices].flatten().topk(k).values
+
+
 def token_features(
     probs: torch.Tensor, token: torch.Tensor, gen_pos: int, context: torch.Tensor, token_classes: torch.Tensor
 ) -> torch.Tensor:
@@ -89,7 +105,7 @@ def token_features(
 
     probs: the draft distribution the token was chosen from; context: the tokens before it."""
     probs = probs.float()
-    top = probs.topk(TOP_K).values
+    top = top_probs(probs)
     entropy = -(probs * probs.clamp_min(1e-30).log()).sum()
     klass = torch.nn.functional.one_hot(token_classes[token], len(TOKEN_CLASSES)).float()
     return torch.cat([

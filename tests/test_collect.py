@@ -19,7 +19,7 @@ from disco.collect import (TRACE_COLUMNS, collect, load_traces, oracle_windows, 
                            teacher_forced_trace)
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
-from disco.features import FEATURES, WindowState, token_class_table, token_features
+from disco.features import FEATURES, WindowState, token_class_table, token_features, top_probs
 from disco.pair import pair_from_models
 from disco.policy import OraclePolicy
 from disco.prompts import Prompt, load_prompt_sources
@@ -28,6 +28,26 @@ from tiny import VOCAB, char_tokenizer, save_tiny, tiny_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN_INFO = ["gen_pos", "window_id", "oracle_drafted", "label", "draft_token", "target_token"]
+
+
+# --- features and order ----------------------------------------------------------------------
+
+def test_top_probs_equals_topk():
+    g = torch.Generator().manual_seed(0)
+    for vocab in (5000, 151936, 50257, 97, 10):  # multiple of the chunk, not, fewer chunks than k
+        for scale in (0.1, 3.0, 30.0):
+            probs = torch.softmax(torch.randn(vocab, generator=g) * scale, -1)
+            assert torch.equal(top_probs(probs), probs.topk(10).values)
+    ties = torch.zeros(1000)
+    ties[[3, 500, 999]] = 0.25
+    assert torch.equal(top_probs(ties), ties.topk(10).values)
+
+
+def test_round_robin_takes_one_prompt_per_task_in_turn():
+    tasks = ["code"] * 3 + ["explain"] * 2 + ["write"] * 4
+    assert collect_mod.round_robin(range(9), tasks) == [0, 3, 5, 1, 4, 6, 2, 7, 8]
+    assert collect_mod.round_robin([1, 2, 6, 8], tasks) == [1, 6, 2, 8]
+
 
 
 # --- the oracle's windows, exactly ---------------------------------------------------------------
