@@ -195,11 +195,13 @@ def train(
     seed: int = typer.Option(TrainConfig.seed, help="Split and model seed."),
     balanced: bool = typer.Option(TrainConfig.balanced, help="Reweight accepted/rejected tokens to equal weight."),
     ablate: bool = typer.Option(TrainConfig.ablate, help="Also report DISCO's inputs only and each added feature group removed."),
+    cross_task: bool = typer.Option(TrainConfig.cross_task, help="Also train on each task alone and test on every task."),
 ) -> None:
     """Train the stopping classifier; choose its threshold (and tune the baselines) by simulated speedup."""
     from disco.train import train as run_train
 
-    report = run_train(TrainConfig(traces, out, model, profile, max_window, val_fraction, seed, balanced, ablate))
+    report = run_train(TrainConfig(traces, out, model, profile, max_window, val_fraction, seed, balanced, ablate,
+                                   cross_task))
     typer.echo(report.markdown())
     _say(f"wrote {out}")
 

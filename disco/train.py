@@ -47,6 +47,7 @@ DEFAULT_VAL_FRACTION = 0.2
 # Candidate thresholds, for the classifier's P(accept) and for the draft probability tau alike.
 THRESHOLD_GRID: tuple[float, ...] = tuple(sorted({round(0.05 * i, 2) for i in range(1, 20)} | {DEFAULT_THRESHOLD}))
 TRAIN_COLUMNS = ("prompt_id", "oracle_drafted", "label", *FEATURES)
+ALL_TASKS = "all tasks"
 
 
 @dataclass
@@ -60,6 +61,7 @@ class TrainConfig:
     seed: int = 0  # split and model seed
     balanced: bool = False  # reweight classes to equal total weight (see the module docstring)
     ablate: bool = False  # also train on feature subsets and report their tuned speedups
+    cross_task: bool = False  # also train on each task alone and test on every task
     progress: bool = True  # progress bars on stderr
 
 
@@ -113,17 +115,24 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
     return TraceData(rows, [src.max_new_tokens for src in sources], manifests, pairs[0])
 
 
-def split_by_prompt(prompt_ids: Sequence[str], val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean masks (train, validation) over rows, grouped so that no prompt is on both sides."""
-    from sklearn.model_selection import GroupShuffleSplit
-
+def split_by_prompt(prompt_ids: Sequence[str], val_fraction: float, seed: int,
+                    tasks: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks (train, validation) over rows, grouped so that no prompt is on both sides and
+    stratified by task: each task with two prompts or more puts round(val_fraction * its prompts)
+    (at least one) into validation, so every task is measured."""
     if not 0.0 < val_fraction < 1.0:
         raise DiscoError(f"--val-fraction must be within (0, 1) (got {val_fraction})")
-    groups = np.asarray(prompt_ids)
-    train_idx, val_idx = next(GroupShuffleSplit(1, test_size=val_fraction, random_state=seed).split(groups, groups=groups))
-    train, val = np.zeros(len(groups), bool), np.zeros(len(groups), bool)
-    train[train_idx], val[val_idx] = True, True
-    return train, val
+    ids = np.asarray(prompt_ids)
+    row_tasks = np.asarray(tasks) if tasks is not None else np.full(len(ids), "")
+    rng = np.random.default_rng(seed)
+    val_ids: list[str] = []
+    for task in sorted(set(row_tasks.tolist())):
+        prompts = sorted(set(ids[row_tasks == task].tolist()))
+        if len(prompts) >= 2:
+            n_val = min(len(prompts) - 1, max(1, round(val_fraction * len(prompts))))
+            val_ids += rng.permutation(prompts)[:n_val].tolist()
+    val = np.isin(ids, val_ids)
+    return ~val, val
 
 
 def traces_for(data: TraceData, mask: np.ndarray) -> list[PromptTrace]:
@@ -281,6 +290,75 @@ def ablation(kind: str, X_tr: np.ndarray, y_tr: np.ndarray, X_val: np.ndarray, y
     return rows
 
 
+# --- per task ----------------------------------------------------------------------------------
+
+
+def row_tasks(rows: pd.DataFrame) -> np.ndarray:
+    """The task of each row (traces without a task column count as one task, "")."""
+    return rows["task"].fillna("").to_numpy(str) if "task" in rows else np.full(len(rows), "")
+
+
+def task_masks(rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Row mask of each task."""
+    tasks = row_tasks(rows)
+    return {t: tasks == t for t in sorted(set(tasks.tolist()))}
+
+
+def per_task_table(data: TraceData, val_mask: np.ndarray, model: Model, tuned: dict[str, Tuned], cost: CostModel,
+                   max_window: int) -> list[dict]:
+    """Simulated speedup per task on the validation prompts, every policy at the ONE setting tuned
+    on all validation prompts (what a user deploys), the classifier's ratio to the tuned threshold."""
+    factories = {
+        "oracle": replay_policy("oracle"),
+        "classifier": replay_policy("classifier", threshold=tuned["classifier"].best, model=model),
+        "threshold": replay_policy("threshold", threshold=tuned["threshold"].best),
+        "tau": replay_policy("threshold", threshold=DEFAULT_THRESHOLD),
+        "constant": replay_policy("constant", k=tuned["constant"].best),
+        "heuristic": replay_policy("heuristic"),
+    }
+    out = []
+    for task, mask in task_masks(data.rows).items():
+        traces = traces_for(data, val_mask & mask)
+        if not traces:
+            continue
+        sims = simulate_many(traces, factories, max_window)
+        out.append({"task": task, "prompts": len(traces), **{k: sims[k].speedup(cost) for k in factories}})
+    return out
+
+
+def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X: np.ndarray, y: np.ndarray,
+               cost: CostModel, cfg: TrainConfig) -> list[dict]:
+    """Train on one task, test on another: for each training task A (and all tasks together), fit
+    on A's training prompts, tune the classifier's threshold and tau on A's validation prompts,
+    then simulate both on each task B's validation prompts (never seen in fitting or tuning)."""
+    from tqdm.auto import tqdm
+
+    masks = task_masks(data.rows)
+    drafted = data.rows["oracle_drafted"].to_numpy(bool)
+    val_traces = {t: traces_for(data, val_mask & m) for t, m in masks.items()}
+    rows = []
+    for a, mask_a in tqdm([*masks.items(), (ALL_TASKS, np.ones(len(y), bool))], desc="cross-task",
+                          disable=not cfg.progress):
+        fit = train_mask & drafted & mask_a
+        tune_on = [tr for t in masks if a in (t, ALL_TASKS) for tr in val_traces[t]]
+        if len(np.unique(y[fit])) < 2 or not tune_on:
+            continue  # one class only (or no validation prompt): nothing to learn or tune for this task
+        model = fit_model(cfg.model, X[fit], y[fit], None, cfg.seed, cfg.balanced)
+        t = tune(tune_on, lambda th: replay_policy("classifier", threshold=th, model=model), THRESHOLD_GRID, cost,
+                 cfg.max_window).best
+        tau = tune(tune_on, lambda th: replay_policy("threshold", threshold=th), THRESHOLD_GRID, cost,
+                   cfg.max_window).best
+        for b, traces in val_traces.items():
+            if not traces:
+                continue
+            sims = simulate_many(traces, {"classifier": replay_policy("classifier", threshold=t, model=model),
+                                          "threshold": replay_policy("threshold", threshold=tau)}, cfg.max_window)
+            clf, thr = sims["classifier"].speedup(cost), sims["threshold"].speedup(cost)
+            rows.append({"train_task": a, "test_task": b, "threshold": t, "tau": tau, "classifier": clf,
+                         "tuned_threshold": thr, "ratio": clf / thr})
+    return rows
+
+
 # --- the whole command -------------------------------------------------------------------------
 
 
@@ -294,6 +372,8 @@ class TrainReport:
     cost: CostModel
     ablation: list[dict] = field(default_factory=list)
     split: dict = field(default_factory=dict)
+    per_task: list[dict] = field(default_factory=list)
+    cross_task: list[dict] = field(default_factory=list)
 
     def markdown(self) -> str:
         m = self.metrics
@@ -321,6 +401,20 @@ class TrainReport:
             lines.append(f"| {r['policy']} | {r['setting']} | {r['speedup']:.3f} | {r['target_forwards_per_token']:.3f}"
                          f" | {r['draft_forwards_per_token']:.3f} | {r['mean_accepted']:.2f} | "
                          f"{100 * r['approx_drafts']:.1f}% |")
+        if self.per_task:
+            lines += ["", "Per task (validation prompts; every policy at the setting tuned on all of them):", "",
+                      "| task | prompts | oracle | classifier | tuned threshold | tau = 0.4 | tuned constant | heuristic "
+                      "| classifier / tuned threshold |", "|---|---|---|---|---|---|---|---|---|"]
+            lines += [f"| {r['task']} | {r['prompts']} | {r['oracle']:.3f} | {r['classifier']:.3f} | {r['threshold']:.3f}"
+                      f" | {r['tau']:.3f} | {r['constant']:.3f} | {r['heuristic']:.3f} | "
+                      f"{r['classifier'] / r['threshold']:.3f} |" for r in self.per_task]
+        if self.cross_task:
+            lines += ["", "Train on one task, test on another (fit on the training task's train prompts, threshold "
+                      "and tau tuned on its validation prompts, tested on the test task's validation prompts):", "",
+                      "| trained on | tested on | classifier t | classifier | tau | tuned threshold | ratio |",
+                      "|---|---|---|---|---|---|---|"]
+            lines += [f"| {r['train_task']} | {r['test_task']} | {r['threshold']:g} | {r['classifier']:.3f} | "
+                      f"{r['tau']:g} | {r['tuned_threshold']:.3f} | {r['ratio']:.3f} |" for r in self.cross_task]
         lines += ["", "Permutation importance (drop in validation ROC-AUC when shuffled):", "",
                   "| feature | importance |", "|---|---|"]
         lines += [f"| {k} | {v:.4f} |" for k, v in self.importance.items()]
@@ -341,7 +435,8 @@ def train(cfg: TrainConfig) -> TrainReport:
     cost.verify(cfg.max_window + 1)  # fail now, not after training, if the profile is too short
     data = load_trace_data(cfg.traces)
     rows = data.rows
-    train_mask, val_mask = split_by_prompt(rows["prompt_id"].to_numpy(), cfg.val_fraction, cfg.seed)
+    train_mask, val_mask = split_by_prompt(rows["prompt_id"].to_numpy(), cfg.val_fraction, cfg.seed,
+                                           row_tasks(rows))
     drafted = rows["oracle_drafted"].to_numpy(bool)
     X = rows[list(FEATURES)].to_numpy(np.float64)
     y = rows["label"].to_numpy(int)
@@ -356,6 +451,8 @@ def train(cfg: TrainConfig) -> TrainReport:
     table, tuned = policy_table(val_traces, model, cost, cfg.max_window, cfg.progress)
     threshold = float(tuned["classifier"].best)
     abl = ablation(cfg.model, X[tr], y[tr], X[va], y[va], val_traces, cost, cfg, (model, threshold)) if cfg.ablate else []
+    tasks = per_task_table(data, val_mask, model, tuned, cost, cfg.max_window)
+    cross = cross_task(data, train_mask, val_mask, X, y, cost, cfg) if cfg.cross_task else []
 
     split = {
         "train_prompts": int(rows.loc[train_mask, "prompt_id"].nunique()),
@@ -363,7 +460,7 @@ def train(cfg: TrainConfig) -> TrainReport:
         "train_rows": int(tr.sum()),
         "val_prompt_ids": sorted(rows.loc[val_mask, "prompt_id"].unique().tolist()),
     }
-    report = TrainReport(cfg.out, threshold, metrics, table, importance, cost, abl, split)
+    report = TrainReport(cfg.out, threshold, metrics, table, importance, cost, abl, split, tasks, cross)
     save_artifact(cfg.out, model, {
         "threshold": threshold,
         "pair": data.pair,
@@ -387,5 +484,7 @@ def train(cfg: TrainConfig) -> TrainReport:
         "speedups": table,
         "importance": importance,
         "ablation": abl,
+        "per_task": tasks,
+        "cross_task": cross,
     }, report.markdown())
     return report

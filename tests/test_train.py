@@ -56,11 +56,13 @@ def test_split_is_by_prompt(data):
     rows = data[0].rows
     ids = rows["prompt_id"].to_numpy()
     for seed in range(5):
-        train_mask, val_mask = split_by_prompt(ids, 0.25, seed)
+        train_mask, val_mask = split_by_prompt(ids, 0.25, seed, rows["task"].to_numpy())
         assert (train_mask ^ val_mask).all()  # every row on exactly one side
         train_ids, val_ids = set(ids[train_mask]), set(ids[val_mask])
         assert not train_ids & val_ids
-        assert len(val_ids) in (7, 8) and len(train_ids | val_ids) == 30
+        assert len(val_ids) == 8 and len(train_ids | val_ids) == 30  # round(0.25 * 15) per task
+        val_tasks = rows.loc[val_mask].groupby("task")["prompt_id"].nunique().to_dict()
+        assert val_tasks == {"code": 4, "write": 4}  # stratified: every task measured
     with pytest.raises(DiscoError, match="val-fraction"):
         split_by_prompt(ids, 1.0, 0)
 
@@ -207,7 +209,7 @@ def test_disco_train_command(traces_dir, tmp_path, capsys):
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"c_d": 0.004, "c_t": [0.01 * (1 + 0.03 * k) for k in range(9)]}))
     code, stdout, err = cli(capsys, "train", "--traces", traces_dir, "--out", out, "--model", "logistic",
-                            "--profile", profile, "--max-window", 8, "--ablate")
+                            "--profile", profile, "--max-window", 8, "--ablate", "--cross-task")
     assert code == 0, err
     for policy in ("| oracle |", "| classifier | t = ", "| threshold | tau = 0.4 (transformers)", "| constant | k = ",
                    "| heuristic |", "ROC-AUC", "| all − copy_* |", "| all − class_* |", "| DISCO inputs only | 12 |"):
@@ -223,6 +225,20 @@ def test_disco_train_command(traces_dir, tmp_path, capsys):
     # the ablation's "all features" row is the saved model, tuned the same way
     assert speedups[f"t = {art.threshold:g} (tuned)"] == pytest.approx(manifest["ablation"][1]["speedup"])
     assert (out / "metrics.md").read_text().startswith("# disco classifier")
+    # per task: both tasks, their validation prompts partition the validation set
+    per_task = {r["task"]: r for r in manifest["per_task"]}
+    assert set(per_task) == {"code", "write"}
+    assert sum(r["prompts"] for r in per_task.values()) == manifest["training"]["val_prompts"]
+    assert "| code |" in stdout and "Train on one task, test on another" in stdout
+    # cross-task: {code, write, all tasks} x {code, write}; trained on all tasks = the saved model,
+    # so its classifier speedup on each task equals the per-task table's
+    cross = {(r["train_task"], r["test_task"]): r for r in manifest["cross_task"]}
+    assert set(cross) == {(a, b) for a in ("code", "write", "all tasks") for b in ("code", "write")}
+    for task in ("code", "write"):
+        row = cross[("all tasks", task)]
+        assert row["threshold"] == art.threshold
+        assert row["classifier"] == pytest.approx(per_task[task]["classifier"])
+        assert row["ratio"] == pytest.approx(row["classifier"] / row["tuned_threshold"])
     code, _, err = cli(capsys, "train", "--traces", tmp_path / "nope", "--out", out)
     assert code == 2 and err.count("\n") == 1 and "no trace folder" in err
 
