@@ -26,8 +26,10 @@ import json
 import os
 import platform
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -549,6 +551,8 @@ def _run(pair: Pair, prompts: Sequence[Prompt], encoded: list[list[int]], todo: 
     # One bar, on rank 0: its share is within one prompt of every other rank's.
     bar = tqdm(total=stats.prompts_mine, initial=stats.prompts_skipped, unit="prompt", desc="collect",
                disable=not progress or dist.rank != 0, file=sys.stderr, dynamic_ncols=True)
+    # A `kill` (SIGTERM, as job schedulers send) ends the run like Ctrl-C: the finished prompts are flushed.
+    old_term = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:
         for i in todo:
             t = time.perf_counter()
@@ -572,3 +576,9 @@ def _run(pair: Pair, prompts: Sequence[Prompt], encoded: list[list[int]], todo: 
         raise
     finally:
         bar.close()
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

@@ -206,6 +206,26 @@ def test_collect_writes_parquet_and_manifest(pair32, tmp_path, monkeypatch):
     assert len(whole) == 60 and list(whole.columns) == list(TRACE_COLUMNS) and whole.dtypes["label"] == np.int64
 
 
+def test_sigterm_keeps_the_finished_prompts(pair32, tmp_path, monkeypatch):
+    import signal
+
+    prompts, out = make_prompts(5), tmp_path / "out"
+    real_trace, calls = collect_mod.teacher_forced_trace, []
+
+    def killed_at_4th_prompt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)  # `kill PID`, as a scheduler ends a job
+        return real_trace(*args, **kwargs)
+
+    monkeypatch.setattr(collect_mod, "teacher_forced_trace", killed_at_4th_prompt)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        collect(pair32, prompts, out, CONFIG, shard_prompts=10, progress=False)
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the collector's only while it runs
+    assert set(load_traces(out)["prompt_id"]) == {p.id for p in prompts[:3]}
+
+
 def test_rerun_after_interruptions_gives_the_same_rows(pair32, tmp_path, monkeypatch):
     prompts = make_prompts(7)
     ref = tmp_path / "ref"
