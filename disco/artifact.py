@@ -183,11 +183,6 @@ class Artifact:
         return float(self.manifest["threshold"])
 
     @property
-    def rule(self) -> str:
-        """How P(accept) is compared with the threshold (classifier.RULES); older artifacts: per token."""
-        return self.manifest.get("rule", "token")
-
-    @property
     def kind(self) -> str:
         return self.manifest["kind"]
 
@@ -295,8 +290,6 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
     try:
         kind, model_file, features = manifest["kind"], path / manifest["model_file"], manifest["features"]
         float(manifest["threshold"])
-        if manifest.get("rule", "token") not in ("token", "window"):
-            raise ValueError(f"rule {manifest['rule']!r}")
     except (KeyError, TypeError, ValueError) as e:
         raise DiscoError(f"{path / MANIFEST} lacks or garbles a required field ({e}): the artifact is damaged") from None
     if list(features) != list(FEATURES) or manifest.get("features_hash") != features_hash():

@@ -5,13 +5,7 @@ DraftStep) and the simulator (simulate._replay calls `features` and `stops` with
 token features), so both take the decision by one rule on one feature vector:
 
     features = WindowState.step(token_features(step), window_pos)   (features.py, FEATURES order)
-    stop     = P(accept | features) < threshold                       (rule "token": DISCO's)
-    stop     = prod of P(accept) over the window so far < threshold   (rule "window")
-
-The classifier is trained on the oracle's windows, so P(accept) is conditional on every earlier
-token of the window being accepted, and the window product is the probability that the whole
-window so far is accepted: the quantity the expected gain of drafting one more token scales
-with (as in SpecDec++). `disco train` tunes the threshold for both rules and keeps the faster.
+    stop     = P(accept | features) < threshold
 
 The one difference: live, a logistic/MLP model runs in float32 on the draft's device, while the
 simulator batches in float64 on the host, so a decision can differ only when P(accept) lies
@@ -39,23 +33,14 @@ class Predictor(Protocol):
     def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]: ...  # (F,) -> 0-dim
 
 
-RULES = ("token", "window")
-DEFAULT_RULE = "token"
-
-
 class ClassifierPolicy:
     name = "classifier"
 
-    def __init__(self, model: Predictor, threshold: float, token_classes: torch.Tensor | None = None,
-                 rule: str = DEFAULT_RULE) -> None:
+    def __init__(self, model: Predictor, threshold: float, token_classes: torch.Tensor | None = None) -> None:
         if not 0.0 <= threshold <= 1.0:
             raise DiscoError(f"the classifier threshold must be within [0, 1] (got {threshold})")
-        if rule not in RULES:
-            raise DiscoError(f"unknown classifier rule {rule!r}: choose one of {', '.join(RULES)}")
         self.model = model
         self.threshold = threshold
-        self.rule = rule
-        self._window_p = 1.0  # product of P(accept) over the current window (rule "window")
         self.token_classes = token_classes  # (vocab,) class index per token, on the draft's device (live only)
         self.window = WindowState()
         self._predict: Callable[[torch.Tensor], torch.Tensor] | None = None  # built on the first live step
@@ -69,12 +54,11 @@ class ClassifierPolicy:
 
         if not isinstance(artifact, Artifact):
             artifact = load_artifact(Path(artifact), expect_pair=pair, trust_pickle=trust_pickle)
-        return cls(artifact, artifact.threshold if threshold is None else threshold, pair.token_classes(),
-                   artifact.rule)
+        return cls(artifact, artifact.threshold if threshold is None else threshold, pair.token_classes())
 
     def fresh(self) -> ClassifierPolicy:
         """A new policy (new window state) sharing the model, threshold, table and predictor."""
-        other = ClassifierPolicy(self.model, self.threshold, self.token_classes, self.rule)
+        other = ClassifierPolicy(self.model, self.threshold, self.token_classes)
         other._predict = self._predict
         return other
 
@@ -85,16 +69,12 @@ class ClassifierPolicy:
         return self.window.step(tok_feats, window_pos)
 
     def stops(self, p_accept: float) -> bool:
-        if self.rule == "window":
-            self._window_p *= p_accept
-            return self._window_p < self.threshold
         return p_accept < self.threshold
 
     # --- StoppingPolicy ------------------------------------------------------------------------
 
     def start(self) -> None:
         self.window.start()
-        self._window_p = 1.0
 
     def should_stop(self, step) -> bool:
         if self.token_classes is None:

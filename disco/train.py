@@ -44,8 +44,11 @@ if TYPE_CHECKING:
 MODEL_KINDS = ("lightgbm", "logistic", "mlp")
 DEFAULT_MODEL = "lightgbm"
 DEFAULT_VAL_FRACTION = 0.2
-# Candidate thresholds, for the classifier's P(accept) and for the draft probability tau alike.
-THRESHOLD_GRID: tuple[float, ...] = tuple(sorted({round(0.05 * i, 2) for i in range(1, 20)} | {DEFAULT_THRESHOLD}))
+# Candidate thresholds, for the classifier's P(accept) and for the draft probability tau alike:
+# steps of 0.05, finer at both ends (with most tokens accepted, a classifier's best threshold on
+# the embedded pair can lie above 0.95).
+THRESHOLD_GRID: tuple[float, ...] = tuple(sorted({round(0.05 * i, 2) for i in range(1, 20)}
+                                                 | {0.01, 0.02, 0.03, 0.97, 0.98, 0.99, DEFAULT_THRESHOLD}))
 TRAIN_COLUMNS = ("prompt_id", "oracle_drafted", "label", *FEATURES)
 ALL_TASKS = "all tasks"
 
