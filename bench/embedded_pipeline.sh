@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
 # The measurements behind bench/RESULTS.md for the embedded pair on the CPU, and how the shipped
 # classifier in models/embedded-qwen2.5-coder was made. Every step resumes or is quick to redo.
-# Sizes are kept small enough for a 2-core CPU (about 1 h in all); raise them on a bigger machine.
+# On a 2-core CPU: collection ~25 s per prompt at 128 tokens (all 273 train prompts: ~2 h; the
+# collector takes the tasks in turn, so stopping it early (kill / Ctrl-C) leaves a balanced trace
+# that rerunning the same command continues), compare ~4 min per test prompt.
+# Run one heavy step at a time: two model processes on 2 cores slow each other 5-8x.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}
-TRAIN_PER_TASK=${TRAIN_PER_TASK:-6}   # shipped train prompts per task to trace
-TEST_PER_TASK=${TEST_PER_TASK:-2}      # held-out test prompts per task to compare on
-MAX_NEW=${MAX_NEW:-64}                 # new tokens per prompt
+PY=${PY:-.venv/bin/python}
+MAX_NEW=${MAX_NEW:-128}                # new tokens per prompt
+TEST_PER_TASK=${TEST_PER_TASK:-3}      # held-out test prompts per task to compare on
+MODEL=${MODEL:-lightgbm}               # classifier kind (lightgbm, logistic, mlp)
+TRACES=${TRACES:-traces/embedded-train-$MAX_NEW}
 OUT=${OUT:-bench/embedded}
+STEPS=${STEPS:-collect profile train checks compare}
 mkdir -p "$OUT"
 
-# 1. oracle traces on the train prompts of every task (issue 4)
-$DISCO collect --prompts code-train,explain-train,write-train --limit "$TRAIN_PER_TASK" \
-  --max-new-tokens "$MAX_NEW" --shard-prompts 4 --out traces/embedded-train 2>&1 | tee "$OUT/collect.log"
-# 2. the cost model on this machine (issue 5)
-$DISCO profile --repeats 3 --warmup 1 --out "$OUT/profile-cpu.json" 2>&1 | tee "$OUT/profile.log"
-# 3. the classifier, its threshold and the baselines tuned on validation prompts (issue 5)
-$DISCO train --traces traces/embedded-train --profile "$OUT/profile-cpu.json" \
-  --out models/embedded-qwen2.5-coder --ablate 2>&1 | tee "$OUT/train.log"
-# 4. every policy on held-out test prompts, one interleaved run (issues 2, 6)
-$DISCO compare --prompts code-test,explain-test,write-test --limit "$TEST_PER_TASK" --max-new-tokens "$MAX_NEW" \
-  --classifier models/embedded-qwen2.5-coder --out "$OUT/compare-embedded" 2>&1 | tee "$OUT/compare.log"
+for step in $STEPS; do case $step in
+  collect)  # 1. oracle traces on the shipped train prompts of every task (issue 4)
+    $DISCO collect --prompts code-train,explain-train,write-train --max-new-tokens "$MAX_NEW" \
+      --out "$TRACES" 2>&1 | tee -a "$OUT/collect-$MAX_NEW.log" ;;
+  profile)  # 2. the cost model on this machine (issue 5)
+    $DISCO profile --repeats 3 --warmup 1 --out "$OUT/profile-cpu.json" 2>&1 | tee "$OUT/profile.log" ;;
+  train)  # 3. the classifier, its threshold and the baselines tuned on validation prompts (issue 5)
+    $DISCO train --traces "$TRACES" --profile "$OUT/profile-cpu.json" --model "$MODEL" \
+      --out models/embedded-qwen2.5-coder --ablate --cross-task 2>&1 | tee "$OUT/train.log" ;;
+  checks)  # 4. collection cost vs plain generation; simulated vs real counts (issues 4, 5)
+    $PY bench/real_pair_checks.py --traces "$TRACES" --classifier models/embedded-qwen2.5-coder --prompts 3 \
+      --json "$OUT/real-checks.json" 2>&1 | tee "$OUT/real-checks.log" ;;
+  compare)  # 5. every policy on held-out test prompts, one interleaved run (issues 2, 6, 8)
+    $DISCO compare --prompts code-test,explain-test,write-test --limit "$TEST_PER_TASK" --max-new-tokens "$MAX_NEW" \
+      --classifier models/embedded-qwen2.5-coder --out "$OUT/compare-embedded-$MAX_NEW" 2>&1 | tee "$OUT/compare-$MAX_NEW.log" ;;
+  *) echo "unknown step $step (collect profile train checks compare)" >&2; exit 2 ;;
+esac; done
