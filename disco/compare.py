@@ -183,6 +183,25 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
     }
 
 
+def cost_model_speedups(result: dict, cost) -> dict[str, dict | None]:
+    """Per policy of a compare result: the speedup over target-only decoding that the run's own
+    forward counts give under a cost model (simulate.CostModel from `disco profile`), pooled over
+    prompts and median per prompt. Machine noise cannot touch it, which makes it the figure to
+    compare on a shared machine. None for transformers' row (its loop exposes no windows)."""
+    out: dict[str, dict | None] = {}
+    for label in result["summary"]:
+        if label == HF_LABEL:
+            out[label] = None
+            continue
+        runs = [GenStats(**{k: r[k] for k in ("new_tokens", "target_forwards", "draft_forwards", "windows")})
+                for r in (p["runs"][label] for p in result["prompts"])]
+        times = [cost.time(s) for s in runs]
+        bases = [cost.baseline(s) for s in runs]
+        out[label] = {"pooled": sum(bases) / sum(times),
+                      "median": statistics.median(b / t for b, t in zip(bases, times))}
+    return out
+
+
 def format_table(summary: dict) -> str:
     head = ("| policy | speedup | median (min–max) per prompt | tok/s | target fwd/tok | draft fwd/tok "
             "| mean accepted/window | acceptance | = target |")

@@ -4,7 +4,9 @@ import json
 
 import torch
 
-from disco.compare import HF_LABEL, TARGET_LABEL, default_entries, run_compare
+import pytest
+
+from disco.compare import HF_LABEL, TARGET_LABEL, cost_model_speedups, default_entries, run_compare
 from disco.decode import DecodeConfig
 from disco.pair import pair_from_models
 from disco.prompts import Prompt
@@ -30,3 +32,22 @@ def test_compare_tiny(tmp_path):
     # the oracle never drafts more than it gets accepted plus the one mismatching token
     oracle = result["summary"]["oracle"]
     assert oracle["target_forwards_per_token"] <= result["summary"]["constant k=5"]["target_forwards_per_token"]
+
+
+def test_cost_model_speedups_from_counts():
+    from disco.simulate import CostModel
+
+    cost = CostModel(c_d=0.5, c_t=(1.0, 1.5, 2.0, 2.5))
+    run = lambda n, t, d, w: {"new_tokens": n, "target_forwards": t, "draft_forwards": d, "windows": w}  # noqa: E731
+    result = {"summary": {TARGET_LABEL: {}, "p": {}, HF_LABEL: {}}, "prompts": [
+        # 6 tokens: windows 3 (c_t(4) = 2.5) and 1 (c_t(2) = 1.5), one target-only round, 4 drafts
+        {"runs": {TARGET_LABEL: run(6, 6, 0, []), "p": run(6, 3, 4, [3, 1]), HF_LABEL: run(6, 2, 5, [])}},
+        # 2 tokens: one window of 1 -> c_t(2) + c_d = 2.0
+        {"runs": {TARGET_LABEL: run(2, 2, 0, []), "p": run(2, 1, 1, [1]), HF_LABEL: run(2, 1, 1, [])}},
+    ]}
+    out = cost_model_speedups(result, cost)
+    assert out[TARGET_LABEL] == {"pooled": 1.0, "median": 1.0}
+    times = [2.5 + 1.5 + 1.0 + 4 * 0.5, 1.5 + 0.5]  # 7.0 and 2.0
+    assert out["p"]["pooled"] == pytest.approx(8 / sum(times))
+    assert out["p"]["median"] == pytest.approx((6 / 7.0 + 2 / 2.0) / 2)
+    assert out[HF_LABEL] is None
