@@ -240,7 +240,8 @@ def demo(
     per_task: int = typer.Option(DEMO_PER_TASK, help="Held-out test prompts per task (code, explain, write)."),
     max_new_tokens: int = typer.Option(DEMO_MAX_NEW_TOKENS, help="Tokens to generate per prompt."),
 ) -> None:
-    """DISCO on the embedded pair: the shipped classifier against every policy on 3 held-out prompts (about 8 min on 2 CPU cores; --full first traces 60 train prompts and trains: roughly 15 min more)."""
+    """DISCO on the embedded pair: the shipped classifier against every policy on 3 held-out prompts
+    (about 8 min on 2 CPU cores; --full first traces 60 train prompts and trains: roughly 15 min more)."""
     from disco.demo import run_demo
 
     run_demo(out, full=full, per_task=per_task, max_new_tokens=max_new_tokens)

@@ -13,6 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from disco.files import atomic_write_json, atomic_write_text
 from disco.pair import Pair
 from disco.policy import PolicySpec
 from disco.prompts import Prompt
+
+if TYPE_CHECKING:
+    from disco.simulate import CostModel
 
 HF_LABEL = "transformers"  # transformers' own generate(assistant_model=draft) with its defaults
 TARGET_LABEL = "target"
@@ -183,7 +187,7 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
     }
 
 
-def cost_model_speedups(result: dict, cost) -> dict[str, dict | None]:
+def cost_model_speedups(result: dict, cost: CostModel) -> dict[str, dict | None]:
     """Per policy of a compare result: the speedup over target-only decoding that the run's own
     forward counts give under a cost model (simulate.CostModel from `disco profile`), pooled over
     prompts and median per prompt. Machine noise cannot touch it, which makes it the figure to
