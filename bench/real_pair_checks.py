@@ -23,7 +23,7 @@ import torch
 
 from disco.artifact import load_artifact
 from disco.classifier import ClassifierPolicy
-from disco.collect import teacher_forced_trace, greedy_continuation
+from disco.collect import trace_prompt
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.pair import load_pair
 from disco.prompts import load_prompt_sources
@@ -64,8 +64,7 @@ def main() -> None:
         t0 = time.perf_counter()
         plain = target_generate(pair.target, prompt_ids, config, pair.eos_token_ids).tokens
         t1 = time.perf_counter()
-        y = greedy_continuation(pair, prompt_ids, config)
-        teacher_forced_trace(pair, prompt_ids, y, config, table, pid, texts[pid].task)
+        y = trace_prompt(pair, prompt_ids, config, table, pid, texts[pid].task)["target_token"].to_pylist()
         t2 = time.perf_counter()
         out["collect"].append({"prompt": pid, "plain_s": t1 - t0, "collect_s": t2 - t1, "ratio": (t2 - t1) / (t1 - t0),
                                "same_y": plain == y})

@@ -330,10 +330,11 @@ def per_task_table(data: TraceData, val_mask: np.ndarray, model: Model, tuned: d
 
 
 def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X: np.ndarray, y: np.ndarray,
-               cost: CostModel, cfg: TrainConfig) -> list[dict]:
+               cost: CostModel, cfg: TrainConfig, full: tuple[Model, dict[str, Tuned]]) -> list[dict]:
     """Train on one task, test on another: for each training task A (and all tasks together), fit
     on A's training prompts, tune the classifier's threshold and tau on A's validation prompts,
-    then simulate both on each task B's validation prompts (never seen in fitting or tuning)."""
+    then simulate both on each task B's validation prompts (never seen in fitting or tuning).
+    full: the model trained on all tasks and its tuned settings (`policy_table`), reused as is."""
     from tqdm.auto import tqdm
 
     masks = task_masks(data.rows)
@@ -346,11 +347,14 @@ def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X:
         tune_on = [tr for t in masks if a in (t, ALL_TASKS) for tr in val_traces[t]]
         if len(np.unique(y[fit])) < 2 or not tune_on:
             continue  # one class only (or no validation prompt): nothing to learn or tune for this task
-        model = fit_model(cfg.model, X[fit], y[fit], None, cfg.seed, cfg.balanced)
-        t = tune(tune_on, lambda th: replay_policy("classifier", threshold=th, model=model), THRESHOLD_GRID, cost,
-                 cfg.max_window).best
-        tau = tune(tune_on, lambda th: replay_policy("threshold", threshold=th), THRESHOLD_GRID, cost,
-                   cfg.max_window).best
+        if a == ALL_TASKS:
+            model, t, tau = full[0], full[1]["classifier"].best, full[1]["threshold"].best
+        else:
+            model = fit_model(cfg.model, X[fit], y[fit], None, cfg.seed, cfg.balanced)
+            t = tune(tune_on, lambda th: replay_policy("classifier", threshold=th, model=model), THRESHOLD_GRID, cost,
+                     cfg.max_window).best
+            tau = tune(tune_on, lambda th: replay_policy("threshold", threshold=th), THRESHOLD_GRID, cost,
+                       cfg.max_window).best
         for b, traces in val_traces.items():
             if not traces:
                 continue
@@ -455,7 +459,7 @@ def train(cfg: TrainConfig) -> TrainReport:
     threshold = float(tuned["classifier"].best)
     abl = ablation(cfg.model, X[tr], y[tr], X[va], y[va], val_traces, cost, cfg, (model, threshold)) if cfg.ablate else []
     tasks = per_task_table(data, val_mask, model, tuned, cost, cfg.max_window)
-    cross = cross_task(data, train_mask, val_mask, X, y, cost, cfg) if cfg.cross_task else []
+    cross = cross_task(data, train_mask, val_mask, X, y, cost, cfg, (model, tuned)) if cfg.cross_task else []
 
     split = {
         "train_prompts": int(rows.loc[train_mask, "prompt_id"].nunique()),
