@@ -48,7 +48,7 @@ def main() -> None:
     texts = {p.id: p for p in load_prompt_sources(manifest["prompts"]["sources"], None)}
     ids = list(dict.fromkeys(src.rows["prompt_id"]))[: args.prompts]
 
-    pair = load_pair(None, None, "auto", "auto")
+    pair = load_pair(None, None, "auto", "auto", engine="torch")
     art = load_artifact(args.classifier, expect_pair=pair)
     tuned = art.manifest["tuned"]
     policies = {

@@ -20,6 +20,7 @@ import hashlib
 import importlib.metadata
 import json
 import platform
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,6 +276,26 @@ def _check_pair(manifest: dict, expect_pair, path: Path) -> None:
         a, b = have.get(role), want.get(role)
         if a and b and _model_name(a) != _model_name(b):
             raise DiscoError(f"{path} was trained for {role} {a}, not {b}: train a classifier on this pair's traces")
+    # Another engine runs the same models with other numbers (quantized kernels, float32): the
+    # classifier still works, but its features and tuned threshold were fitted elsewhere. Warn.
+    trained, running = engine_label(have), engine_label(want)
+    if trained != running:
+        warnings.warn(f"{path} was trained on {trained} traces but runs on {running}: its threshold was tuned for "
+                      f"the other engine; collect and train on this engine for the best policy", EngineMismatch,
+                      stacklevel=3)
+
+
+class EngineMismatch(UserWarning):
+    """A classifier used on another engine than the one its traces came from."""
+
+
+def engine_label(pair_info: dict) -> str:
+    """"llama.cpp (fast)", "torch (onednn)", ...: the engine of a pair's describe() dict. Manifests
+    written before engines were recorded came from the torch engine."""
+    engine = pair_info.get("engine") or {"name": "torch"}
+    if engine["name"] == "llama.cpp":
+        return f"llama.cpp ({engine.get('verify')} verification)"
+    return "torch"
 
 
 def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False) -> Artifact:

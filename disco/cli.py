@@ -11,6 +11,8 @@ import typer
 from disco.collect import DEFAULT_SHARD_PROMPTS
 from disco.cpu import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.decode import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
+from disco.engines.base import DEFAULT_ENGINE
+from disco.engines.llamacpp import DEFAULT_VERIFY
 from disco.demo import DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK
 from disco.errors import DiscoError
 from disco.policy import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, POLICY_NAMES, PolicySpec
@@ -34,8 +36,15 @@ DeviceOpt = typer.Option("auto", help="auto (cuda if available, else cpu), cpu o
 DtypeOpt = typer.Option("auto", help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16.")
 PairOpt = typer.Option(None, "--pair", help="A pair file, e.g. configs/pairs/opt.yaml (target, draft, dtype, chat); "
                        "--target, --draft, --dtype other than auto and --chat/--no-chat override it.")
-CpuBackendOpt = typer.Option(DEFAULT_CPU_BACKEND, help="How the CPU computes Linear layers (ignored on cuda): "
+CpuBackendOpt = typer.Option(DEFAULT_CPU_BACKEND, help="torch engine: how the CPU computes Linear layers (ignored on cuda): "
                              + "; ".join(f"{b}: {CPU_BACKEND_HELP[b]}" for b in CPU_BACKENDS) + ".")
+EngineOpt = typer.Option(DEFAULT_ENGINE, help="auto (llama.cpp for GGUF files and the embedded pair on the CPU; torch for "
+                         "model ids, folders and CUDA), torch (transformers) or llama.cpp (llama-cpp-python).")
+ThreadsOpt = typer.Option(None, help="llama.cpp engine: CPU threads (default: all cores).")
+VerifyOpt = typer.Option(DEFAULT_VERIFY, help="llama.cpp engine: fast (one batched target forward per window; "
+                         "output may differ from target-only decoding where batched kernels round differently, "
+                         "compare reports it) or exact (micro-batches that round like one-token steps: output "
+                         "identical to target-only decoding, verification costs more).")
 
 
 def _say(msg: str) -> None:
@@ -67,6 +76,9 @@ def generate(
     dtype: str = DtypeOpt,
     cpu_backend: str = CpuBackendOpt,
     pair_file: Optional[Path] = PairOpt,
+    engine: str = EngineOpt,
+    threads: Optional[int] = ThreadsOpt,
+    verify: str = VerifyOpt,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
     from disco.decode import generate as run_generate
@@ -83,7 +95,7 @@ def generate(
     items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify)
     records = []
     for item in items:
         res = run_generate(pair, item.prompt, spec, config, chat)
@@ -114,8 +126,13 @@ def compare(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     pair_file: Optional[Path] = PairOpt,
+    cpu_backend: str = CpuBackendOpt,
+    engine: str = EngineOpt,
+    threads: Optional[int] = ThreadsOpt,
+    verify: str = VerifyOpt,
 ) -> None:
-    """Every policy (and transformers' own assisted generation) on the same prompts, in one run."""
+    """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
+    (transformers' generate(assistant_model=…) on torch; llama-server -md on llama.cpp)."""
     from disco.compare import default_entries, run_compare
     from disco.pair import load_pair, pair_args
     from disco.prompts import load_prompt_sources
@@ -132,7 +149,7 @@ def compare(
     entries = default_entries(classifier, tuned_k, tuned_threshold, include_hf=hf)
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify)
     result = run_compare(pair, items, entries, config, out, chat)
     from disco.compare import format_table
 
@@ -157,6 +174,10 @@ def collect(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     pair_file: Optional[Path] = PairOpt,
+    cpu_backend: str = CpuBackendOpt,
+    engine: str = EngineOpt,
+    threads: Optional[int] = ThreadsOpt,
+    verify: str = VerifyOpt,
 ) -> None:
     """Oracle traces: draft features with accept/reject labels at every position of the target's
     greedy output. Rerun the same command to resume. Several processes split the prompts:
@@ -174,7 +195,7 @@ def collect(
     with distributed() as dist:
         if dist.rank == 0:
             _say(f"loading the pair … ({len(items)} prompts, {dist.world} process{'es' * (dist.world > 1)})")
-        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype))
+        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify))
         stats = run_collect(pair, items, out, config, chat=chat, overwrite=overwrite, dist=dist, sources=prompts,
                             shard_prompts=shard_prompts)
     _say(stats.summary())
@@ -218,6 +239,9 @@ def profile(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     cpu_backend: str = CpuBackendOpt,
+    engine: str = EngineOpt,
+    threads: Optional[int] = ThreadsOpt,
+    verify: str = VerifyOpt,
 ) -> None:
     """Measure the pair's cost model on this machine: draft step c_d, target verification c_t(k)."""
     from disco.files import atomic_write_json
@@ -225,7 +249,7 @@ def profile(
     from disco.profile import default_profile_path, format_profile, profile_pair
 
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify)
     result = profile_pair(pair, max_window, context, repeats, warmup)
     path = out if out is not None else default_profile_path(pair)
     atomic_write_json(path, result)
@@ -268,8 +292,15 @@ def models_path() -> None:
         typer.echo(f"{m.role}: {embedded.prepared_path(m)} ({state})")
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    typer.echo(f"warning: {message}", err=True)
+
+
 def main() -> None:
     """Entry point: a DiscoError is a one-line message and exit code 2, never a traceback."""
+    import warnings
+
+    warnings.showwarning = _one_line_warning  # the CLI's warnings are messages to a user, not code locations
     try:
         app()
     except DiscoError as e:

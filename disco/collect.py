@@ -44,7 +44,8 @@ import pyarrow.parquet as pq
 import torch
 
 import disco
-from disco.decode import DecodeConfig, speculative_generate, teacher_forced_logits
+from disco.decode import DecodeConfig, speculative_generate
+from disco.engines.base import teacher_forced_logits
 from disco.errors import DiscoError
 from disco.features import FEATURES, WindowState, token_class_table, token_features
 from disco.files import atomic_write_json
@@ -241,7 +242,7 @@ def distributed() -> Iterator[Dist]:
 
 def _versions() -> dict[str, str]:
     out = {"disco": disco.__version__, "python": platform.python_version()}
-    for name in ("torch", "transformers", "pyarrow", "datasets", "accelerate"):
+    for name in ("torch", "transformers", "llama-cpp-python", "pyarrow", "datasets", "accelerate"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -282,6 +283,8 @@ def _identity(manifest: dict) -> dict:
     """What must agree for two runs to share a folder (the device may change: resuming a CPU run
     on a GPU is fine; the dtype may not: it changes the numbers)."""
     pair = {k: v for k, v in manifest.get("pair", {}).items() if k != "device"}
+    # llama.cpp's thread count changes speed, not numbers (each row is reduced by one thread)
+    pair["engine"] = {k: v for k, v in (pair.get("engine") or {}).items() if k != "threads"}
     prompts = {k: v for k, v in manifest.get("prompts", {}).items() if k != "sources"}
     return {"format": manifest.get("format"), "pair": pair, "features": manifest.get("features"),
             "columns": manifest.get("columns"), "generation": manifest.get("generation"), "prompts": prompts}
@@ -545,8 +548,7 @@ def _run(pair: Pair, prompts: Sequence[Prompt], encoded: list[list[int]], todo: 
          stats: CollectStats) -> None:
     from tqdm import tqdm
 
-    vocab = pair.draft.config.vocab_size
-    token_classes = token_class_table(pair.tokenizer, vocab).to(pair.device)
+    token_classes = token_class_table(pair.tokenizer, pair.vocab_size).to(pair.device)
     writer = _ShardWriter(out_dir, dist.rank, shard_prompts, flush_s)
     # One bar, on rank 0: its share is within one prompt of every other rank's.
     bar = tqdm(total=stats.prompts_mine, initial=stats.prompts_skipped, unit="prompt", desc="collect",

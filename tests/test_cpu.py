@@ -196,7 +196,7 @@ def test_int8_verify_is_bit_identical_to_decode_steps():
     """int8 quantises activations: a last-bit difference between a batched forward and one-token
     steps would flip quantisation steps and grow to whole logits. Per-token scales plus per-row
     attention make verify(k) exactly k decode steps."""
-    from disco.decode import _forward, _new_cache
+    from disco.engines.torch_engine import _forward, _new_cache
 
     model = apply_cpu_backend(tiny_qwen(dtype=torch.float32, layers=3), "int8")
     ids = torch.tensor([5, 9, 14, 3, 77, 41, 8, 8, 60, 23, 12, 90, 33, 2])

@@ -18,7 +18,8 @@ import transformers as tf
 
 from disco.collect import collect, teacher_forced_trace
 from disco.compare import default_entries, hf_assisted_generate, run_compare
-from disco.decode import DecodeConfig, generate, model_kind, speculative_generate, target_generate
+from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
+from disco.engines.torch_engine import model_kind
 from disco.errors import DiscoError
 from disco.features import FEATURES, token_class_table
 from disco.hf import disco_generate

@@ -14,7 +14,7 @@ PROMPTS = ["Write a Python function that returns the square of x.", "Say hello i
 def pair():
     from disco.pair import load_pair
 
-    return load_pair()
+    return load_pair(engine="torch")
 
 
 def test_embedded_pair_is_lossless_for_every_policy(pair):

@@ -1,0 +1,260 @@
+"""The llama.cpp engine: GGUF files run natively through llama-cpp-python's C API.
+
+One llama_model + one llama_context per model; a session is the context's KV cache for one
+decode (a new session clears it). forward() is one llama_decode over the new tokens with
+logits requested for the last `keep`; rollback is llama_memory_seq_rm past the kept length.
+
+Losslessness (DESIGN.md §5b). llama.cpp's CPU kernels depend on the batch width (weight
+repacking, micro-batches, llamafile's sgemm), so a target forward over k+1 tokens need not
+round like k+1 one-token steps, and a greedy argmax can flip. Two verification modes:
+
+    exact  every forward is split into one-token llama_decode calls: the very computation of
+           target-only decoding, so speculative greedy output equals this engine's target-only
+           output bit for bit. It costs the batching gain (verify(k) = k one-token steps).
+    fast   one batched llama_decode per verification (what llama.cpp's own speculative
+           decoding does): cheap, but its output may differ from target-only decoding; compare
+           reports the mismatch.
+
+The mode is recorded in describe() (traces, profiles, artifacts, compare results).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from disco.errors import DiscoError
+
+VERIFY_MODES = ("fast", "exact")
+DEFAULT_VERIFY = "fast"  # see the module docstring and bench/RESULTS.md "llama.cpp engine"
+DEFAULT_N_CTX = 4096  # KV cache positions per model (prompt + output); capped by the model's training context
+DEFAULT_N_BATCH = 512  # tokens per llama_decode call at most (longer prompts are fed in chunks)
+INSTALL_HINT = ("install it with `pip install llama-cpp-python==0.3.36` (what `make install` does; it builds "
+                "llama.cpp from source, ~6 min), or run the torch engine with --engine torch")
+_GGUF_MAGIC = b"GGUF"
+
+
+def default_threads() -> int:
+    """Physical cores are what llama.cpp scales with; this machine reports 2 logical = 2 physical."""
+    return max(1, os.cpu_count() or 1)
+
+
+def llama_cpp_module():
+    """The llama_cpp package, or a one-line error saying how to install it."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise DiscoError(f"the llama.cpp engine needs llama-cpp-python, which is not importable ({e}): "
+                         + INSTALL_HINT) from None
+    except OSError as e:  # the package is there but its shared library does not load
+        raise DiscoError(f"llama-cpp-python is installed but its llama.cpp library does not load ({e}): "
+                         f"reinstall it: {INSTALL_HINT}") from None
+    return llama_cpp
+
+
+def is_gguf(path: str | Path) -> bool:
+    """True when the file starts with the GGUF magic bytes."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _GGUF_MAGIC
+    except OSError:
+        return False
+
+
+_LOG_CALLBACK: Any = None  # keeps the ctypes callback alive for as long as llama.cpp may call it
+_BACKEND_READY = False
+
+
+def _init_backend(lc) -> None:
+    """Once per process: silence llama.cpp's console logging (errors surface as DiscoErrors) and init."""
+    global _LOG_CALLBACK, _BACKEND_READY
+    if _BACKEND_READY:
+        return
+    if not os.environ.get("DISCO_LLAMA_LOG"):  # DISCO_LLAMA_LOG=1 shows llama.cpp's own log
+        _LOG_CALLBACK = lc.llama_log_callback(lambda level, text, user_data: None)
+        lc.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    lc.llama_backend_init()
+    _BACKEND_READY = True
+
+
+class LlamaCppEngine:
+    """A GGUF model loaded by llama.cpp, as a disco engine."""
+
+    name = "llama.cpp"
+    device = torch.device("cpu")
+
+    def __init__(self, path: str | Path, threads: int | None = None, verify: str = DEFAULT_VERIFY,
+                 n_ctx: int = DEFAULT_N_CTX, n_batch: int = DEFAULT_N_BATCH, repack: bool = True,
+                 n_ubatch: int | None = None) -> None:
+        """repack: llama.cpp's weight repacking into CPU-friendly layouts (its default, faster);
+        n_ubatch: llama.cpp's micro-batch (default n_batch): both change how batches round."""
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise DiscoError(f"no such GGUF file: {path} (check the path)")
+        if not is_gguf(path):
+            raise DiscoError(f"{path} is not a GGUF file (no GGUF header): the llama.cpp engine runs GGUF models; "
+                             "use --engine torch for a transformers model folder")
+        if verify not in VERIFY_MODES:
+            raise DiscoError(f"unknown verification mode {verify!r}: choose one of {', '.join(VERIFY_MODES)}")
+        threads = default_threads() if threads is None else threads
+        if threads < 1:
+            raise DiscoError(f"--threads must be at least 1 (got {threads})")
+        lc = llama_cpp_module()
+        _init_backend(lc)
+        self._lc, self.path, self.threads, self.verify, self.repack = lc, path, threads, verify, repack
+
+        mparams = lc.llama_model_default_params()
+        mparams.use_extra_bufts = repack
+        self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise DiscoError(f"llama.cpp could not load {path}: the file is damaged or its architecture is not "
+                             "supported by this llama.cpp (set DISCO_LLAMA_LOG=1 to see its log)")
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self._n_vocab = lc.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx = min(n_ctx, lc.llama_model_n_ctx_train(self._model) or n_ctx)
+        self.n_batch = min(n_batch, self.n_ctx)
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx, cparams.n_batch = self.n_ctx, self.n_batch
+        self.n_ubatch = min(n_ubatch or self.n_batch, self.n_batch)
+        cparams.n_ubatch = self.n_ubatch
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            raise DiscoError(f"llama.cpp could not create a context for {path} (n_ctx {self.n_ctx}): "
+                             "out of memory? lower the context")
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self._session_id = 0  # a new session invalidates the older ones (they share the one KV cache)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lc.llama_batch_free(self._batch)
+            self._lc.llama_free(self._ctx)
+            self._lc.llama_model_free(self._model)
+            self._ctx = self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass
+
+    # --- facts ---------------------------------------------------------------------------------
+
+    @property
+    def context_length(self) -> int:
+        return self.n_ctx
+
+    @property
+    def vocab_size(self) -> int:
+        return self._n_vocab
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (None if absent)."""
+        buf = ctypes.create_string_buffer(512)
+        n = self._lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        self._lc.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def eog_ids(self) -> frozenset[int]:
+        """Every token llama.cpp ends generation on (EOS, EOT, <|im_end|>, …): what llama-server stops at."""
+        return frozenset(t for t in range(self._n_vocab) if self._lc.llama_vocab_is_eog(self._vocab, t))
+
+    def describe(self) -> dict:
+        return {"name": self.name, "version": self._lc.__version__, "threads": self.threads,
+                "quantization": self.description, "verify": self.verify, "repack": self.repack, "n_ubatch": self.n_ubatch}
+
+    # --- running -------------------------------------------------------------------------------
+
+    def session(self, prompt: torch.Tensor, use_cache: bool = True) -> LlamaCppSession:
+        """A decode from an empty KV cache. use_cache is accepted for the interface: a llama.cpp
+        context always has its cache, and a fresh session starts it empty."""
+        self._session_id += 1
+        self._lc.llama_memory_clear(self._mem, True)
+        return LlamaCppSession(self, self._session_id, [int(t) for t in prompt.tolist()])
+
+    def _decode(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
+        """Feed `tokens` at positions start.. in one llama_decode; (keep, vocab) logits of the last `keep`."""
+        b, n = self._batch, len(tokens)
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, start + i, 1, 0
+            b.logits[i] = i >= n - keep
+        b.n_tokens = n
+        rc = self._lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise DiscoError(f"llama.cpp could not decode {n} tokens at position {start} (code {rc}): the KV cache "
+                             f"of {self.n_ctx} positions is full? shorten the prompt or lower --max-new-tokens")
+        if keep == 0:
+            return torch.empty(0, self._n_vocab)
+        ptr = self._lc.llama_get_logits(self._ctx)
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(keep, self._n_vocab)).copy())
+
+    def _remove_from(self, length: int) -> None:
+        self._lc.llama_memory_seq_rm(self._mem, 0, length, -1)
+
+
+class LlamaCppSession:
+    """One decode on a LlamaCppEngine: its KV cache holds the first `length` tokens of prompt + output."""
+
+    recomputed = 0  # rollback always works: llama.cpp removes KV cells by position
+
+    def __init__(self, engine: LlamaCppEngine, session_id: int, prompt: list[int]) -> None:
+        self.engine, self._id, self.n_prompt = engine, session_id, len(prompt)
+        self.prompt = prompt
+        self.length = 0
+
+    def _check(self) -> None:
+        if self._id != self.engine._session_id:
+            raise DiscoError("this llama.cpp session was replaced by a newer one on the same model "
+                             "(one decode at a time per loaded model)")
+
+    def unseen(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids[self.length :]
+
+    def prefill(self) -> None:
+        if self.n_prompt > 1:
+            self.forward(torch.tensor(self.prompt[:-1]), 0)
+
+    def forward(self, tokens: torch.Tensor, keep: int) -> torch.Tensor:
+        self._check()
+        toks = [int(t) for t in tokens.tolist()]
+        if self.length + len(toks) > self.engine.n_ctx:
+            raise DiscoError(f"the sequence ({self.length + len(toks)} tokens) exceeds the llama.cpp context of "
+                             f"{self.engine.n_ctx} tokens: shorten the prompt or lower --max-new-tokens")
+        # The prompt (but its pending last token) is always fed in batches, as prefill() does; after
+        # it, exact mode feeds one token per llama_decode: the computation of target-only decoding.
+        n_prefix = max(0, min(len(toks), self.n_prompt - 1 - self.length))
+        rows = self._feed(toks[:n_prefix], max(0, keep - (len(toks) - n_prefix)), self.engine.n_batch)
+        step = 1 if self.engine.verify == "exact" else self.engine.n_batch
+        rows += self._feed(toks[n_prefix:], min(keep, len(toks) - n_prefix), step)
+        return torch.cat(rows) if rows else torch.empty(0, self.engine.vocab_size)
+
+    def _feed(self, toks: list[int], keep: int, step: int) -> list[torch.Tensor]:
+        """Decode `toks` in chunks of `step`; the logits of the last `keep`, one tensor per chunk that has any."""
+        rows = []
+        for i in range(0, len(toks), step):
+            chunk = toks[i : i + step]
+            want = min(len(chunk), max(0, keep - (len(toks) - i - len(chunk))))  # of the last `keep`
+            out = self.engine._decode(chunk, self.length, want)
+            self.length += len(chunk)
+            if want:
+                rows.append(out)
+        return rows
+
+    def truncate(self, n_ids: int) -> None:
+        self._check()
+        if n_ids < self.length:
+            self.engine._remove_from(n_ids)
+            self.length = n_ids
