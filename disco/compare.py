@@ -8,16 +8,18 @@ with per-prompt numbers, and PNG plots.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
 from disco.decode import DecodeConfig, GenResult, GenStats, generate, target_generate
+from disco.engines.base import as_engine
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, atomic_write_text
 from disco.pair import Pair
@@ -29,17 +31,32 @@ if TYPE_CHECKING:
 
 HF_LABEL = "transformers"  # transformers' own generate(assistant_model=draft) with its defaults
 TARGET_LABEL = "target"
+SERVER_TARGET_LABEL = "llama-server target-only"
+SERVER_LABEL = "llama-server -md"  # llama.cpp's own draft-model speculative decoding
+FAST_SUFFIX = " (fast verify)"
 
 
 @dataclass
 class Entry:
     label: str  # the row name in the table
-    spec: PolicySpec | None  # None: transformers' assisted generation
+    spec: PolicySpec | None = None  # a policy in disco's loop; None for the engines' own decoding (anchors)
+    server: dict | None = None  # llama-server: {} target-only, else {n_max, n_min, p_min} for -md
+    verify: str | None = None  # llama.cpp: run this policy with this verification mode instead of the pair's
+
+    @property
+    def anchor(self) -> bool:
+        """The engine's own decoding (transformers' assisted generation, llama-server): no windows known."""
+        return self.spec is None
 
 
 def default_entries(classifier: str | None = None, tuned_k: int | None = None,
-                    tuned_threshold: float | None = None, include_hf: bool = True) -> list[Entry]:
-    """The standard line-up: every policy, plus tuned baselines and the classifier when known."""
+                    tuned_threshold: float | None = None, include_anchor: bool = True, engine: str = "torch",
+                    server_tuned: dict | None = None, verify: str | None = None) -> list[Entry]:
+    """The standard line-up: every policy, plus tuned baselines and the classifier when known, and the
+    engine's own speculative decoding: transformers' generate(assistant_model=…) on torch; on
+    llama.cpp, llama-server target-only, with -md at llama.cpp's defaults and at `server_tuned`
+    ({n_max, p_min}, tuned on validation prompts: bench/tune_llama_server.py). On llama.cpp in
+    exact verification, the classifier and the tuned threshold also run in fast verification."""
     entries = [
         Entry("constant k=5", PolicySpec("constant", k=5)),
         Entry("heuristic", PolicySpec("heuristic")),
@@ -53,8 +70,21 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
         entries.insert(-1, Entry(f"threshold {tuned_threshold:.2f} (tuned)", PolicySpec("threshold", threshold=tuned_threshold)))
     if classifier is not None:
         entries.insert(-1, Entry("classifier", PolicySpec("classifier", classifier=classifier)))
-    if include_hf:
-        entries.append(Entry(HF_LABEL, None))
+    if engine == "llama.cpp" and verify == "exact":
+        entries += [Entry(e.label + FAST_SUFFIX, e.spec, verify="fast") for e in entries
+                    if e.label == "classifier" or e.label.endswith("(tuned)") and e.spec.name == "threshold"]
+    if include_anchor and engine == "torch":
+        entries.append(Entry(HF_LABEL))
+    if include_anchor and engine == "llama.cpp":
+        from disco.llamacpp_server import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
+
+        entries += [Entry(SERVER_TARGET_LABEL, server={}),
+                    Entry(f"{SERVER_LABEL} (defaults: n-max {DRAFT_N_MAX}, p-min {DRAFT_P_MIN:g})",
+                          server={"n_max": DRAFT_N_MAX, "n_min": DRAFT_N_MIN, "p_min": DRAFT_P_MIN})]
+        if server_tuned:
+            tuned = {"n_max": DRAFT_N_MAX, "n_min": DRAFT_N_MIN, "p_min": DRAFT_P_MIN, **server_tuned}
+            entries.append(Entry(f"{SERVER_LABEL} (tuned: n-max {tuned['n_max']}, p-min {tuned['p_min']:g})",
+                                 server=tuned))
     return entries
 
 
@@ -68,6 +98,18 @@ def tuned_from_artifact(path: str | Path) -> tuple[int | None, float | None]:
         raise DiscoError(f"no classifier artifact at {path} (manifest.json missing): train one with `disco train`")
     tuned = json.loads(manifest.read_text()).get("tuned", {})
     return tuned.get("k"), tuned.get("threshold")
+
+
+def tuned_server(path: str | Path) -> dict | None:
+    """llama-server's -md settings tuned on the classifier's validation prompts, if recorded beside
+    the artifact (server-tuned.json, written by bench/tune_llama_server.py): {n_max, p_min}."""
+    import json
+
+    file = Path(path) / "server-tuned.json"
+    if not file.is_file():
+        return None
+    data = json.loads(file.read_text())
+    return {"n_max": int(data["n_max"]), "p_min": float(data["p_min"])}
 
 
 class _CallCounter:
@@ -127,29 +169,34 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     from tqdm import tqdm
 
     per_prompt: list[dict] = []
-    bar = tqdm(total=len(prompts) * (len(entries) + 1), desc="compare", unit="run", disable=not progress)
-    for i, item in enumerate(prompts):
-        ids = pair.encode(item.prompt, chat)
-        ref = target_generate(pair.target, ids, config, pair.eos_token_ids)
-        bar.update(1)
-        row = {"id": item.id, "task": item.task, "prompt_tokens": len(ids),
-               "runs": {TARGET_LABEL: _record(ref, ref)}}
-        shift = i % len(entries)
-        for entry in entries[shift:] + entries[:shift]:  # rotate the order per prompt
-            bar.set_postfix_str(f"{item.id}: {entry.label}")
-            if entry.spec is None:
-                res = hf_assisted_generate(pair, ids, config)
-            else:
-                res = generate(pair, item.prompt, entry.spec, config, chat, target_tokens=ref.tokens)
-            row["runs"][entry.label] = _record(res, ref)
+    with contextlib.ExitStack() as stack:
+        servers = _start_servers(pair, entries, config, stack, progress)
+        bar = tqdm(total=len(prompts) * (len(entries) + 1), desc="compare", unit="run", disable=not progress)
+        for i, item in enumerate(prompts):
+            ids = pair.encode(item.prompt, chat)
+            ref = target_generate(pair.target, ids, config, pair.eos_token_ids)
             bar.update(1)
-        per_prompt.append(row)
-    bar.close()
+            row = {"id": item.id, "task": item.task, "prompt_tokens": len(ids),
+                   "runs": {TARGET_LABEL: _record(ref, ref)}}
+            shift = i % len(entries)
+            for entry in entries[shift:] + entries[:shift]:  # rotate the order per prompt
+                bar.set_postfix_str(f"{item.id}: {entry.label}")
+                if entry.server is not None:
+                    res = server_generate(servers[entry.label], ids, config, pair.eos_token_ids)
+                elif entry.spec is None:
+                    res = hf_assisted_generate(pair, ids, config)
+                else:
+                    with verify_mode(pair, entry.verify):
+                        res = generate(pair, item.prompt, entry.spec, config, chat, target_tokens=ref.tokens)
+                row["runs"][entry.label] = _record(res, ref, counted=not entry.anchor)
+                bar.update(1)
+            per_prompt.append(row)
+        bar.close()
 
     labels = [TARGET_LABEL] + [e.label for e in entries]
     summary = {label: _summarise(label, per_prompt) for label in labels}
     result = {"pair": pair.describe(), "config": config.__dict__, "n_prompts": len(prompts),
-              "summary": summary, "prompts": per_prompt}
+              "anchors": [e.label for e in entries if e.anchor], "summary": summary, "prompts": per_prompt}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "compare.json", result)
     atomic_write_text(out_dir / "table.md", format_table(summary) + "\n")
@@ -160,9 +207,74 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     return result
 
 
-def _record(res: GenResult, ref: GenResult) -> dict:
+@contextlib.contextmanager
+def verify_mode(pair: Pair, verify: str | None) -> Iterator[None]:
+    """Run both llama.cpp engines of `pair` in another verification mode for the duration (None: as loaded)."""
+    engines = [as_engine(pair.target), as_engine(pair.draft)]
+    if verify is None:
+        yield
+        return
+    if any(e.name != "llama.cpp" for e in engines):
+        raise DiscoError("a verification mode applies to the llama.cpp engine only")
+    saved = [e.verify for e in engines]
+    for e in engines:
+        e.verify = verify
+    try:
+        yield
+    finally:
+        for e, v in zip(engines, saved):
+            e.verify = v
+
+
+def _start_servers(pair: Pair, entries: list[Entry], config: DecodeConfig, stack: contextlib.ExitStack,
+                   progress: bool) -> dict:
+    """One llama-server per server entry, started before any timing, on the pair's own GGUF files
+    (the draft as the pair runs it, re-quantized or not) and thread count; stopped at the end."""
+    wanted = [e for e in entries if e.server is not None]
+    if not wanted:
+        return {}
+    target, draft = as_engine(pair.target), as_engine(pair.draft)
+    if target.name != "llama.cpp":
+        raise DiscoError("llama-server rows compare the llama.cpp engine: run compare with --engine llama.cpp")
+    from disco.llamacpp_server import LlamaServer, server_binary
+
+    binary = server_binary(progress=progress)
+    servers = {}
+    for e in wanted:
+        srv = LlamaServer(target.path, draft.path if e.server else None, threads=target.threads, ctx=target.n_ctx,
+                          binary=binary, progress=progress, **e.server)
+        servers[e.label] = stack.enter_context(srv)
+    return servers
+
+
+def server_generate(server, prompt_ids: list[int], config: DecodeConfig, eos_token_ids: frozenset[int]) -> GenResult:
+    """One greedy completion by llama-server, as a GenResult (its forward counts are not exposed)."""
+    r = server.complete(prompt_ids, config.max_new_tokens)
+    tokens = r["tokens"]
+    for i, t in enumerate(tokens):  # the server stops at llama.cpp's end-of-generation tokens, as the loop does
+        if t in eos_token_ids:
+            tokens = tokens[: i + 1]
+            break
+    stats = GenStats(new_tokens=len(tokens), wall_s=r["wall_s"], drafted=r["draft_n"] or 0,
+                     accepted=r["draft_n_accepted"] or 0)
+    return GenResult(tokens, stats)
+
+
+def _record(res: GenResult, ref: GenResult, counted: bool = True) -> dict:
+    """One run's numbers. counted=False: the engine's own decoding, whose forward calls and windows we
+    do not see (llama-server) or count by hooks only (transformers): no cost-model figure for it."""
     s = res.stats
-    return {**s.to_dict(), "lossless": res.tokens == ref.tokens, "speedup": ref.stats.wall_s / s.wall_s}
+    out = {**s.to_dict(), "lossless": res.tokens == ref.tokens, "speedup": ref.stats.wall_s / s.wall_s,
+           "counted": counted, "first_mismatch": _first_mismatch(res.tokens, ref.tokens)}
+    return out
+
+
+def _first_mismatch(tokens: list[int], ref: list[int]) -> int | None:
+    """Index of the first generated token that differs from target-only decoding (None: identical)."""
+    for i, (a, b) in enumerate(zip(tokens, ref)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(ref) else min(len(tokens), len(ref))
 
 
 def _summarise(label: str, per_prompt: list[dict]) -> dict:
@@ -172,6 +284,7 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
     wall = sum(r["wall_s"] for r in runs)
     windows = [a for r in runs for a in r["accepted_per_window"]]
     drafted = sum(r["drafted"] for r in runs)
+    server = label.startswith("llama-server")  # llama-server reports drafted/accepted only
     return {
         # pooled: total target-only time over total time of this policy, same tokens
         "speedup": sum(b["wall_s"] for b in base) / wall if wall else 0.0,
@@ -179,11 +292,13 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
         "speedup_min": min(r["speedup"] for r in runs),
         "speedup_max": max(r["speedup"] for r in runs),
         "tokens_per_s": tokens / wall if wall else 0.0,
-        "target_forwards_per_token": sum(r["target_forwards"] for r in runs) / tokens,
-        "draft_forwards_per_token": sum(r["draft_forwards"] for r in runs) / tokens,
+        "target_forwards_per_token": None if server else sum(r["target_forwards"] for r in runs) / tokens,
+        "draft_forwards_per_token": None if server else sum(r["draft_forwards"] for r in runs) / tokens,
         "mean_accepted_window": statistics.fmean(windows) if windows else None,
         "acceptance_rate": sum(r["accepted"] for r in runs) / drafted if drafted else None,
         "lossless": all(r["lossless"] for r in runs),
+        "mismatched_prompts": sum(not r["lossless"] for r in runs),
+        "prompts": len(runs),
     }
 
 
@@ -193,8 +308,9 @@ def cost_model_speedups(result: dict, cost: CostModel) -> dict[str, dict | None]
     prompts and median per prompt. Machine noise cannot touch it, which makes it the figure to
     compare on a shared machine. None for transformers' row (its loop exposes no windows)."""
     out: dict[str, dict | None] = {}
+    anchors = set(result.get("anchors", [HF_LABEL]))  # results written before anchors were listed
     for label in result["summary"]:
-        if label == HF_LABEL:
+        if label in anchors:
             out[label] = None
             continue
         runs = [GenStats(**{k: r[k] for k in ("new_tokens", "target_forwards", "draft_forwards", "windows")})
@@ -210,12 +326,13 @@ def format_table(summary: dict) -> str:
     head = ("| policy | speedup | median (min–max) per prompt | tok/s | target fwd/tok | draft fwd/tok "
             "| mean accepted/window | acceptance | = target |")
     lines = [head, "|" + "---|" * 9]
+    fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
     for label, s in summary.items():
-        acc = "–" if s["mean_accepted_window"] is None else f"{s['mean_accepted_window']:.2f}"
         rate = "–" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.0f}%"
+        same = "yes" if s["lossless"] else f"NO ({s.get('mismatched_prompts', '?')}/{s.get('prompts', '?')} prompts differ)"
         lines.append(
             f"| {label} | {s['speedup']:.2f}× | {s['speedup_median']:.2f} ({s['speedup_min']:.2f}–{s['speedup_max']:.2f}) "
-            f"| {s['tokens_per_s']:.2f} | {s['target_forwards_per_token']:.3f} | {s['draft_forwards_per_token']:.3f} "
-            f"| {acc} | {rate} | {'yes' if s['lossless'] else 'NO'} |"
+            f"| {s['tokens_per_s']:.2f} | {fmt(s['target_forwards_per_token'], '.3f')} "
+            f"| {fmt(s['draft_forwards_per_token'], '.3f')} | {fmt(s['mean_accepted_window'], '.2f')} | {rate} | {same} |"
         )
     return "\n".join(lines)

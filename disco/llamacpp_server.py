@@ -298,6 +298,9 @@ def _tail(path: Path, n: int = 15) -> str:
     return " | ".join(lines) or "(empty log)"
 
 
+# Direct connections only: an http_proxy in the environment must not capture 127.0.0.1.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 # Greedy and nothing else: top-k 1 at temperature 0, every other sampler neutral.
 GREEDY_FIELDS: dict[str, Any] = {
     "temperature": 0.0,
@@ -328,8 +331,9 @@ class LlamaServer:
             r["tokens"], r["wall_s"], r["draft_n"], r["draft_n_accepted"]
 
     Without a draft it is a target-only server (the greedy reference for the same binary).
-    One slot (-np 1), no prompt cache (every request starts cold), no web UI. The server's
-    output goes to `log_path` (a temp file unless given; kept when the server fails).
+    One slot (-np 1), no prompt cache (every request starts cold), no web UI. After /health
+    is ok, one throwaway request warms it up (warmup=False skips it). The server's output goes
+    to `log_path` (a temp file unless given; kept when the server fails).
     """
 
     def __init__(
@@ -347,6 +351,7 @@ class LlamaServer:
         request_timeout_s: float = 3600.0,
         log_path: str | os.PathLike | None = None,
         extra_args: Sequence[str] = (),
+        warmup: bool = True,
         progress: bool = True,
     ) -> None:
         self.target = Path(target)
@@ -361,6 +366,7 @@ class LlamaServer:
         self.startup_timeout_s = startup_timeout_s
         self.request_timeout_s = request_timeout_s
         self.extra_args = list(extra_args)
+        self.warmup = warmup
         self.progress = progress
         self._own_log = log_path is None
         self.log_path = Path(log_path) if log_path is not None else None
@@ -435,14 +441,16 @@ class LlamaServer:
             self.port = port
             try:
                 self._wait_ready()
+                if self.warmup:
+                    self._warm_up()
                 return self
             except DiscoError:
                 rc = self._proc.poll()
                 bind_error = rc is not None and re.search(r"bind|address already in use", _tail(self.log_path, 5), re.I)
-                self._failed = True
                 self._shutdown()
                 if bind_error and attempt < 2:
                     continue
+                self._failed = True  # keep the log: the error names it
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -454,7 +462,7 @@ class LlamaServer:
             if rc is not None:
                 raise DiscoError(f"llama-server exited with code {rc} while starting; last lines of {self.log_path}: {_tail(self.log_path)}")
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                with _OPENER.open(f"{self.url}/health", timeout=2) as resp:
                     if resp.status == 200 and json.loads(resp.read() or b"{}").get("status") == "ok":
                         return
             except (urllib.error.URLError, OSError, ValueError):
@@ -465,6 +473,15 @@ class LlamaServer:
                     f"last lines of {self.log_path}: {_tail(self.log_path)}"
                 )
             time.sleep(0.1)
+
+    def _warm_up(self) -> None:
+        """One throwaway greedy request, so that one-time costs of the first request after a start
+        (page faults on the mmap'd weights, buffer allocation, thread start) stay out of the
+        first measured request."""
+        n_prompt = max(1, min(16, self.ctx // 4))
+        n_predict = max(1, min(16, self.ctx - n_prompt - 4))
+        payload = {"prompt": [0] * n_prompt, "n_predict": n_predict, "cache_prompt": False, **GREEDY_FIELDS}
+        self._request("/completion", payload, timeout=self.startup_timeout_s)
 
     def _shutdown(self) -> None:
         proc, self._proc = self._proc, None
@@ -519,7 +536,7 @@ class LlamaServer:
         data = json.dumps(payload).encode() if payload is not None else None
         req = urllib.request.Request(f"{self.url}{path}", data=data, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.request_timeout_s) as resp:
+            with _OPENER.open(req, timeout=timeout or self.request_timeout_s) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as e:
             try:

@@ -22,6 +22,10 @@ from disco.errors import DiscoError
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBEDDED_NAME = "embedded"  # what the CLI and manifests call the default pair
+# llama.cpp: the embedded draft runs re-quantized to Q4_0 (1.8x faster, same top-1 agreement;
+# engines/llamacpp.py DRAFT_QUANTS). The target is never re-quantized: it defines the output.
+EMBEDDED_DRAFT_QUANT = "q4_0"
+DEFAULT_DRAFT_QUANT = "auto"
 # T5's feed-forward reads its Linear layers' .weight (a dtype check), which the packed CPU backends
 # (oneDNN, int8) do not keep: encoder-decoders on the CPU use the transposed backend instead of
 # oneDNN (the same float32 math on the original weights; Pair.describe() records it).
@@ -83,8 +87,14 @@ class Pair:
             # how the CPU computes the Linear layers (disco/cpu.py); int8 changes the numbers
             "cpu_backend": cpu_backend_of(self.target) if self.engine == "torch" and self.device.type == "cpu" else None,
             # torch or llama.cpp, its version, and (llama.cpp) threads, quantization, verification mode
-            "engine": as_engine(self.target).describe(),
+            "engine": self._engine_info(),
         }
+
+    def _engine_info(self) -> dict:
+        info = as_engine(self.target).describe()
+        if info["name"] == "llama.cpp":  # the draft's file may be re-quantized: its numbers are its own
+            info["draft_quantization"] = as_engine(self.draft).describe()["quantization"]
+        return info
 
 
 def resolve_device(device: str) -> torch.device:
@@ -239,17 +249,18 @@ def load_pair(
     engine: str = DEFAULT_ENGINE,
     threads: int | None = None,
     verify: str = DEFAULT_VERIFY,
+    draft_quant: str = DEFAULT_DRAFT_QUANT,
 ) -> Pair:
     """Load a pair; with neither model given, the embedded Qwen2.5-Coder pair.
 
     engine: torch (transformers; on the CPU both models' Linear layers use `cpu_backend`,
-    disco/cpu.py), llama.cpp (GGUF files; `threads`, `verify` as in disco/engines/llamacpp.py),
+    disco/cpu.py), llama.cpp (GGUF files; `threads`, `verify`, `draft_quant`: load_llamacpp_pair),
     or auto (resolve_engine)."""
     if (target is None) != (draft is None):
         raise DiscoError("give both --target and --draft, or neither (the embedded default pair)")
     engine = resolve_engine(engine, target, draft, device)
     if engine == "llama.cpp":
-        return load_llamacpp_pair(target, draft, threads, verify)
+        return load_llamacpp_pair(target, draft, threads, verify, draft_quant)
     check_cpu_backend(cpu_backend)
     if target is None:
         from disco import embedded
@@ -282,10 +293,15 @@ def load_pair(
 
 
 def load_llamacpp_pair(target: str | None, draft: str | None, threads: int | None = None,
-                       verify: str = DEFAULT_VERIFY) -> Pair:
+                       verify: str = DEFAULT_VERIFY, draft_quant: str = DEFAULT_DRAFT_QUANT) -> Pair:
     """Two GGUF files on the llama.cpp engine; with neither given, the embedded pair's GGUFs.
-    Token ids come from the transformers tokenizer read from the GGUF (cached), as on torch."""
-    from disco.engines.llamacpp import LlamaCppEngine, is_gguf, llama_cpp_module
+    Token ids come from the transformers tokenizer read from the GGUF (cached), as on torch.
+    draft_quant: run the draft re-quantized (engines.llamacpp.DRAFT_QUANTS), "none" as it is, or
+    "auto": the embedded draft in EMBEDDED_DRAFT_QUANT, any other draft as it is."""
+    from disco.engines.llamacpp import DRAFT_QUANTS, LlamaCppEngine, is_gguf, llama_cpp_module, requantized
+
+    if draft_quant not in ("auto", "none", *DRAFT_QUANTS):
+        raise DiscoError(f"unknown --draft-quant {draft_quant!r}: choose auto, none or {', '.join(DRAFT_QUANTS)}")
 
     llama_cpp_module()  # a missing install fails here, before any file work
     if target is None:
@@ -305,6 +321,10 @@ def load_llamacpp_pair(target: str | None, draft: str | None, threads: int | Non
                                  "runs GGUF models; use --engine torch for transformers models")
         target_tok, draft_tok = gguf_tokenizer(target_path), gguf_tokenizer(draft_path)
     check_same_tokenizer(target_tok, draft_tok, *names)
+    if draft_quant == "auto":
+        draft_quant = EMBEDDED_DRAFT_QUANT if target is None else "none"
+    if draft_quant != "none":
+        draft_path = requantized(draft_path, draft_quant)
     t_engine = LlamaCppEngine(target_path, threads, verify)
     d_engine = LlamaCppEngine(draft_path, threads, verify)
     if t_engine.vocab_size != d_engine.vocab_size:

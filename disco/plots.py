@@ -20,7 +20,8 @@ def write_plots(result: dict, out_dir: Path) -> list[Path]:
 
 
 def _policies_with_windows(result: dict) -> list[str]:
-    return [label for label in result["summary"] if label not in (TARGET_LABEL, HF_LABEL)]
+    anchors = set(result.get("anchors", [HF_LABEL]))  # the engines' own decoding: no windows known
+    return [label for label in result["summary"] if label != TARGET_LABEL and label not in anchors]
 
 
 def _windows_vs_oracle(result: dict, path: Path) -> Path | None:

@@ -263,7 +263,7 @@ def test_compare_policies_lossless(family, tmp_path):
     pair = pair_from_models(target, draft, char_tokenizer(), family)
     prompts = [Prompt(f"p{i}", "t", f"def f{i}(x): return") for i in range(2)]
     # transformers' own assisted generation is a separate row (compare.hf_assisted_generate)
-    entries = default_entries(tuned_k=3, include_hf=False)
+    entries = default_entries(tuned_k=3, include_anchor=False)
     result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=12), tmp_path, progress=False,
                          plots=False)
     assert all(s["lossless"] for s in result["summary"].values()), result["summary"]

@@ -8,12 +8,19 @@ Losslessness (DESIGN.md §5b). llama.cpp's CPU kernels depend on the batch width
 repacking, micro-batches, llamafile's sgemm), so a target forward over k+1 tokens need not
 round like k+1 one-token steps, and a greedy argmax can flip. Two verification modes:
 
-    exact  every forward is split into one-token llama_decode calls: the very computation of
-           target-only decoding, so speculative greedy output equals this engine's target-only
-           output bit for bit. It costs the batching gain (verify(k) = k one-token steps).
+    exact  every forward is split into llama_decode calls no wider than the model's exact width:
+           the widest batch whose logits are bit-identical to one-token steps, found once per
+           model by a probe (`exact_width`: batches of 4, 3, 2 against one-token decoding of the
+           same tokens; 1 when none matches). The kernels are chosen by shape, not by values, so
+           what the probe sees holds for every input. For the embedded Q4_K_M pair with weight
+           repacking (llama.cpp's default) it is 3: the repacked matmul computes rows in groups
+           of four with a gemm kernel and the rest with the gemv kernel one-token decoding uses
+           (measured over 96 positions: widths 2 and 3 bit-identical, 4 differs by up to 0.56 and
+           flips an argmax). Greedy output then equals target-only decoding bit for bit, at the
+           price of part of the batching gain.
     fast   one batched llama_decode per verification (what llama.cpp's own speculative
-           decoding does): cheap, but its output may differ from target-only decoding; compare
-           reports the mismatch.
+           decoding does): cheapest, but its output may differ from target-only decoding;
+           compare reports the mismatch.
 
 The mode is recorded in describe() (traces, profiles, artifacts, compare results).
 """
@@ -31,7 +38,9 @@ import torch
 from disco.errors import DiscoError
 
 VERIFY_MODES = ("fast", "exact")
-DEFAULT_VERIFY = "fast"  # see the module docstring and bench/RESULTS.md "llama.cpp engine"
+DEFAULT_VERIFY = "exact"  # lossless by default; see the module docstring and bench/RESULTS.md "llama.cpp engine"
+EXACT_PROBE_WIDTHS = (4, 3, 2)  # batch widths the exact-width probe tries, widest first
+_PROBE_PREFIX, _PROBE_TOKENS = 16, 12  # the probe: 12 tokens after 16 cached ones
 DEFAULT_N_CTX = 4096  # KV cache positions per model (prompt + output); capped by the model's training context
 DEFAULT_N_BATCH = 512  # tokens per llama_decode call at most (longer prompts are fed in chunks)
 INSTALL_HINT = ("install it with `pip install llama-cpp-python==0.3.36` (what `make install` does; it builds "
@@ -64,6 +73,49 @@ def is_gguf(path: str | Path) -> bool:
             return f.read(4) == _GGUF_MAGIC
     except OSError:
         return False
+
+
+# A draft may be re-quantized: the draft never changes the output, only how fast it drafts. Q4_0
+# (output matrix included) runs llama.cpp's fastest repacked CPU kernels; measured on the embedded
+# draft: 9.0 ms/token against 16.4 for its Q4_K_M file, top-1 agreement with the target unchanged
+# (bench/RESULTS.md "llama.cpp engine").
+DRAFT_QUANTS = {"q4_0": 2, "q8_0": 7}  # name -> llama_ftype (LLAMA_FTYPE_MOSTLY_*)
+
+
+def requantized(path: Path, quant: str, progress: bool = True) -> Path:
+    """`path` re-quantized to `quant` (every tensor, the output matrix included), made once (seconds)
+    and cached beside disco's other GGUFs, keyed by the source file's path, size and mtime."""
+    import hashlib
+    import sys
+    import tempfile
+
+    from disco.embedded import cache_root
+
+    if quant not in DRAFT_QUANTS:
+        raise DiscoError(f"unknown draft quantization {quant!r}: choose one of {', '.join(DRAFT_QUANTS)}")
+    st = path.resolve().stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    dest = cache_root() / "gguf" / "requantized" / f"{path.stem}-{quant}-{key}.gguf"
+    if dest.is_file():
+        return dest
+    lc = llama_cpp_module()
+    _init_backend(lc)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        params = lc.llama_model_quantize_default_params()
+        params.ftype = params.output_tensor_type = DRAFT_QUANTS[quant]
+        params.allow_requantize = True
+        params.nthread = default_threads()
+        if progress:
+            print(f"disco: re-quantizing the draft {path.name} to {quant} (once)", file=sys.stderr)
+        if lc.llama_model_quantize(str(path).encode(), tmp.encode(), ctypes.byref(params)) != 0:
+            raise DiscoError(f"llama.cpp could not re-quantize {path} to {quant}: use --draft-quant none")
+        os.replace(tmp, dest)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dest
 
 
 _LOG_CALLBACK: Any = None  # keeps the ctypes callback alive for as long as llama.cpp may call it
@@ -132,6 +184,7 @@ class LlamaCppEngine:
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._session_id = 0  # a new session invalidates the older ones (they share the one KV cache)
+        self._exact_width: int | None = None  # found by the probe on first use (exact_width)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -174,13 +227,47 @@ class LlamaCppEngine:
 
     def describe(self) -> dict:
         return {"name": self.name, "version": self._lc.__version__, "threads": self.threads,
-                "quantization": self.description, "verify": self.verify, "repack": self.repack, "n_ubatch": self.n_ubatch}
+                "quantization": self.description, "verify": self.verify, "repack": self.repack,
+                "n_ubatch": self.n_ubatch, **({"exact_width": self.exact_width} if self.verify == "exact" else {})}
+
+    @property
+    def exact_width(self) -> int:
+        """The widest llama_decode batch whose logits equal one-token steps bit for bit (module docstring)."""
+        if self._exact_width is None:
+            self._exact_width = self._probe_exact_width()
+        return self._exact_width
+
+    def _probe_exact_width(self) -> int:
+        """Decode a fixed token sequence one token at a time, then in batches of each candidate width,
+        after the same cached prefix; keep the widest whose logits match exactly. Uses (and clears)
+        the KV cache: retires any open session."""
+        g = torch.Generator().manual_seed(0)
+        n = _PROBE_PREFIX + _PROBE_TOKENS
+        toks = torch.randint(0, self._n_vocab, (n,), generator=g).tolist()
+        if n > self.n_ctx:
+            return 1
+        self._session_id += 1  # the probe owns the cache now
+        self._lc.llama_memory_clear(self._mem, True)
+        self._decode(toks[:_PROBE_PREFIX], 0, 0)
+        ref = torch.cat([self._decode([t], _PROBE_PREFIX + i, 1) for i, t in enumerate(toks[_PROBE_PREFIX:])])
+        best = 1
+        for width in EXACT_PROBE_WIDTHS:
+            self._remove_from(_PROBE_PREFIX)
+            rows = [self._decode(toks[i : i + width], i, len(toks[i : i + width]))
+                    for i in range(_PROBE_PREFIX, n, width)]
+            if torch.equal(torch.cat(rows), ref):
+                best = width
+                break
+        self._lc.llama_memory_clear(self._mem, True)
+        return best
 
     # --- running -------------------------------------------------------------------------------
 
     def session(self, prompt: torch.Tensor, use_cache: bool = True) -> LlamaCppSession:
         """A decode from an empty KV cache. use_cache is accepted for the interface: a llama.cpp
         context always has its cache, and a fresh session starts it empty."""
+        if self.verify == "exact":
+            self.exact_width  # noqa: B018 -- probe once, before the session owns the cache
         self._session_id += 1
         self._lc.llama_memory_clear(self._mem, True)
         return LlamaCppSession(self, self._session_id, [int(t) for t in prompt.tolist()])
@@ -234,10 +321,10 @@ class LlamaCppSession:
             raise DiscoError(f"the sequence ({self.length + len(toks)} tokens) exceeds the llama.cpp context of "
                              f"{self.engine.n_ctx} tokens: shorten the prompt or lower --max-new-tokens")
         # The prompt (but its pending last token) is always fed in batches, as prefill() does; after
-        # it, exact mode feeds one token per llama_decode: the computation of target-only decoding.
+        # it, exact mode feeds batches narrow enough to round like target-only decoding's one-token steps.
         n_prefix = max(0, min(len(toks), self.n_prompt - 1 - self.length))
         rows = self._feed(toks[:n_prefix], max(0, keep - (len(toks) - n_prefix)), self.engine.n_batch)
-        step = 1 if self.engine.verify == "exact" else self.engine.n_batch
+        step = self.engine.exact_width if self.engine.verify == "exact" else self.engine.n_batch
         rows += self._feed(toks[n_prefix:], min(keep, len(toks) - n_prefix), step)
         return torch.cat(rows) if rows else torch.empty(0, self.engine.vocab_size)
 

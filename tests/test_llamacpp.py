@@ -1,0 +1,267 @@
+"""The llama.cpp engine on tiny GGUF files written in the test (tests/tiny_gguf.py): batched
+forwards against one-token steps, rollback, every policy lossless against the engine's own
+target-only decoding, collect -> train -> generate, compare's llama.cpp rows, and bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from disco.compare import SERVER_LABEL, SERVER_TARGET_LABEL, default_entries, run_compare
+from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
+from disco.engines.llamacpp import LlamaCppEngine
+from disco.errors import DiscoError
+from disco.pair import load_pair, resolve_engine
+from disco.policy import PolicySpec
+from disco.prompts import Prompt
+from test_cli import cli
+from tiny import char_tokenizer, save_tiny, tiny_pair
+from tiny_gguf import write_tiny_gguf
+
+PROMPTS = ["def add(a, b):\n    return a + b\n", "Hello, world! The quick brown fox", "x = [1, 2, 3]\nfor i in x:",
+           "class Point:\n    def __init__(self", "SELECT name FROM users WHERE", "# sort a list\ndef sort(xs):"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """(target.gguf, draft.gguf, other-vocabulary.gguf, a transformers folder, cache root)."""
+    root = tmp_path_factory.mktemp("gguf")
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    tok = char_tokenizer()
+    t = write_tiny_gguf(target, tok, root / "target.gguf")
+    d = write_tiny_gguf(draft, tok, root / "draft.gguf")
+    other = write_tiny_gguf(draft, tok, root / "other.gguf", extra_tokens=["<think>"])
+    folder = save_tiny(target, tok, root / "hf-target")
+    return t, d, other, folder, root / "cache"
+
+
+@pytest.fixture(scope="module")
+def pair(files):
+    t, d, *_, cache = files
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DISCO_CACHE", str(cache))  # the GGUF tokenizers are cached there (llama-server is not)
+        return load_pair(str(t), str(d), engine="llama.cpp", threads=1, verify="exact")
+
+
+def _ids(pair, text: str) -> list[int]:
+    return pair.encode(text, chat=False)
+
+
+# --- the engine itself ---------------------------------------------------------------------------
+
+
+def test_pair_records_the_engine(pair):
+    info = pair.describe()["engine"]
+    assert info["name"] == "llama.cpp" and info["verify"] == "exact" and info["threads"] == 1
+    assert "F32" in info["quantization"] and info["exact_width"] == pair.target.exact_width
+    assert pair.vocab_size == 99 and pair.context_length == 256  # tiny_qwen: 99 tokens, 256 positions
+    assert 1 in pair.eos_token_ids  # tests/tiny.py EOS
+
+
+def test_exact_forward_is_bit_identical_to_one_token_steps(pair):
+    engine = pair.target
+    ids = torch.tensor(_ids(pair, PROMPTS[0] + PROMPTS[1]))
+    n0 = 8
+    steps = engine.session(ids[:n0])
+    steps.prefill()
+    ref = torch.cat([steps.forward(ids[i : i + 1], 1) for i in range(n0 - 1, len(ids))])
+    width = engine.exact_width  # found by the probe; on this F32 model's kernels batches of 2 already differ
+    assert 1 <= width <= 4
+    for k in (2, 3, 4, 8, len(ids) - n0 + 1):
+        s = engine.session(ids[:n0])
+        s.prefill()
+        rows = []
+        for i in range(n0 - 1, len(ids), k):
+            chunk = ids[i : i + k]
+            rows.append(s.forward(chunk, len(chunk)))
+        assert torch.equal(torch.cat(rows), ref), k  # bit for bit, whatever the window
+
+
+def test_fast_forward_agrees_in_argmax(pair):
+    engine = pair.target
+    ids = torch.tensor(_ids(pair, PROMPTS[2] + PROMPTS[3]))
+    s = engine.session(ids[:4])
+    s.prefill()
+    ref = torch.cat([s.forward(ids[i : i + 1], 1) for i in range(3, len(ids))])
+    engine.verify = "fast"
+    try:
+        s = engine.session(ids[:4])
+        s.prefill()
+        batched = s.forward(ids[3:], len(ids) - 3)
+    finally:
+        engine.verify = "exact"
+    assert torch.equal(batched.argmax(-1), ref.argmax(-1))
+    assert (batched - ref).abs().max() < 1e-3
+
+
+def test_rollback_keeps_exactly_the_committed_prefix(pair):
+    engine = pair.target
+    ids = torch.tensor(_ids(pair, PROMPTS[4]))
+    s = engine.session(ids[:5])
+    s.prefill()
+    first = s.forward(ids[4:14], 10)
+    s.truncate(9)  # keep 9 tokens: the last 5 computed ones are dropped
+    assert s.length == 9 and torch.equal(s.unseen(ids[:14]), ids[9:14])
+    again = s.forward(ids[9:14], 5)
+    assert torch.equal(again, first[5:])
+    s.truncate(20)  # nothing past the end to drop
+    assert s.length == 14
+
+
+def test_a_new_session_retires_the_old_one(pair):
+    ids = torch.tensor(_ids(pair, PROMPTS[0]))
+    old = pair.target.session(ids)
+    pair.target.session(ids)
+    with pytest.raises(DiscoError, match="replaced by a newer one"):
+        old.forward(ids[:1], 1)
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verify", ["exact", "fast"])
+def test_every_policy_is_lossless_against_llamacpp_target_only(pair, verify):
+    specs = [PolicySpec("constant", k=1), PolicySpec("constant", k=4), PolicySpec("heuristic"),
+             PolicySpec("threshold", threshold=0.4), PolicySpec("threshold", threshold=0.9, adaptive=True),
+             PolicySpec("oracle")]
+    for engine in (pair.target, pair.draft):
+        engine.verify = verify
+    try:
+        for text in PROMPTS:
+            for n in (1, 7, 30):
+                config = DecodeConfig(max_new_tokens=n)
+                ref = target_generate(pair.target, _ids(pair, text), config, pair.eos_token_ids)
+                for spec in specs:
+                    res = generate(pair, text, spec, config, chat=False, target_tokens=ref.tokens)
+                    assert res.tokens == ref.tokens, (verify, text, n, spec)
+                    assert res.stats.target_forwards <= ref.stats.target_forwards
+    finally:
+        for engine in (pair.target, pair.draft):
+            engine.verify = "exact"
+
+
+def test_speculation_saves_target_calls(pair):
+    from disco.policy import ConstantPolicy
+
+    ids = _ids(pair, PROMPTS[0])
+    res = speculative_generate(pair.target, pair.draft, ids, ConstantPolicy(4), DecodeConfig(max_new_tokens=40),
+                               pair.eos_token_ids)
+    assert res.stats.accepted > 0 and res.stats.target_forwards < res.stats.new_tokens
+
+
+# --- the commands --------------------------------------------------------------------------------
+
+
+def test_collect_train_generate_on_llamacpp(files, tmp_path, capsys, monkeypatch):
+    t, d, _, folder, cache = files
+    monkeypatch.setenv("DISCO_CACHE", str(cache))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "task": ("code", "text")[i % 2], "prompt": p + str(i)}) + "\n"
+                               for i, p in enumerate(PROMPTS * 3)))
+    pair_args = ["--target", t, "--draft", d, "--threads", 1, "--no-chat"]
+    code, out, err = cli(capsys, "collect", "--prompts", prompts, "--out", tmp_path / "traces",
+                         "--max-new-tokens", 24, *pair_args)
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "traces" / "manifest.json").read_text())
+    assert manifest["pair"]["engine"]["name"] == "llama.cpp" and manifest["status"]["complete"]
+    assert manifest["versions"]["llama-cpp-python"]
+
+    code, out, err = cli(capsys, "profile", "--out", tmp_path / "profile.json", "--context", 16,
+                         "--repeats", 2, "--warmup", 1, *pair_args[:-1])
+    assert code == 0, err
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["pair"]["engine"]["name"] == "llama.cpp" and len(profile["c_t"]) == 21
+
+    code, out, err = cli(capsys, "train", "--traces", tmp_path / "traces", "--out", tmp_path / "clf",
+                         "--profile", tmp_path / "profile.json", "--model", "logistic")
+    assert code == 0, err
+    artifact = json.loads((tmp_path / "clf" / "manifest.json").read_text())
+    assert artifact["pair"]["engine"]["name"] == "llama.cpp"
+
+    outs = {}
+    for policy in ("target", "classifier"):
+        code, out, err = cli(capsys, "generate", "--prompts", prompts, "--limit", 4, "--policy", policy,
+                             "--classifier", tmp_path / "clf", "--max-new-tokens", 20, "--json",
+                             tmp_path / f"{policy}.json", *pair_args)
+        assert code == 0, err
+        assert "warning" not in err  # trained and run on the same engine
+        outs[policy] = [r["token_ids"] for r in json.loads((tmp_path / f"{policy}.json").read_text())["results"]]
+    assert outs["classifier"] == outs["target"]
+
+    # the same artifact on the torch engine (transformers reads the same GGUF files): a warning, not a refusal
+    code, out, err = cli(capsys, "generate", "--prompt", PROMPTS[0], "--policy", "classifier", "--classifier",
+                         tmp_path / "clf", "--max-new-tokens", 8, "--target", t, "--draft", d,
+                         "--engine", "torch", "--device", "cpu", "--no-chat")
+    assert code == 0, err
+    assert "warning:" in err and "trained on llama.cpp" in err and "runs on torch" in err
+
+
+def test_compare_has_the_llamacpp_rows(pair, tmp_path):
+    prompts = [Prompt(f"p{i}", "code", p) for i, p in enumerate(PROMPTS[:3])]
+    entries = default_entries(tuned_threshold=0.5, engine="llama.cpp", verify="exact",
+                              server_tuned={"n_max": 4, "p_min": 0.5})
+    labels = [e.label for e in entries]
+    assert SERVER_TARGET_LABEL in labels and "threshold 0.50 (tuned) (fast verify)" in labels
+    assert sum(label.startswith(SERVER_LABEL) for label in labels) == 2
+    result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=16), tmp_path, chat=False,
+                         progress=False, plots=True)
+    summary = result["summary"]
+    for label in labels:
+        assert summary[label]["tokens_per_s"] > 0
+    assert summary[SERVER_TARGET_LABEL]["lossless"]  # llama-server's own one-token decoding: the same kernels
+    assert summary["threshold 0.50 (tuned)"]["lossless"] and summary["oracle"]["lossless"]
+    tuned = next(label for label in labels if "tuned: n-max 4" in label)
+    assert summary[tuned]["target_forwards_per_token"] is None  # the server does not expose its forward calls
+    assert set(result["anchors"]) == {label for label in labels if label.startswith("llama-server")}
+    assert (tmp_path / "table.md").read_text().count("llama-server") == 3
+
+
+# --- choosing the engine, and bad input ----------------------------------------------------------
+
+
+def test_auto_takes_llamacpp_for_gguf_on_the_cpu():
+    assert resolve_engine("auto", None, None, "cpu") == "llama.cpp"  # the embedded pair
+    assert resolve_engine("auto", "a.gguf", "b.gguf", "cpu") == "llama.cpp"
+    assert resolve_engine("auto", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-0.5B", "cpu") == "torch"
+    assert resolve_engine("auto", "a.gguf", "b.gguf", "cuda") == "torch"
+    assert resolve_engine("torch", "a.gguf", "b.gguf", "cpu") == "torch"
+    with pytest.raises(DiscoError, match="runs on the CPU"):
+        resolve_engine("llama.cpp", None, None, "cuda")
+    with pytest.raises(DiscoError, match="unknown engine"):
+        resolve_engine("vllm", None, None, "cpu")
+
+
+def test_bad_input_gets_one_line_errors(files, tmp_path, capsys, monkeypatch):
+    t, d, other, folder, cache = files
+    monkeypatch.setenv("DISCO_CACHE", str(cache))
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04 definitely not a GGUF")
+    cases = [
+        (["--target", not_gguf, "--draft", d], "is not a GGUF file"),
+        (["--target", folder / "config.json", "--draft", d, "--engine", "llama.cpp"], "is not a GGUF file"),
+        (["--target", t, "--draft", other], "do not share a tokenizer"),
+        (["--target", t, "--draft", d, "--max-new-tokens", 300], "exceeds the models' context of 256"),
+        (["--target", t, "--draft", d, "--verify", "sometimes"], "unknown verification mode"),
+        (["--target", t, "--draft", d, "--draft-quant", "q3"], "unknown --draft-quant"),
+    ]
+    for args, message in cases:
+        code, out, err = cli(capsys, "generate", "--prompt", "hello", "--no-chat", "--threads", 1, *args)
+        assert code == 2, (args, err)
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
+
+
+def test_a_missing_llamacpp_says_how_to_install_and_torch_still_works(files, monkeypatch):
+    t, d, _, folder, cache = files
+    monkeypatch.setenv("DISCO_CACHE", str(cache))
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now raises ImportError
+    with pytest.raises(DiscoError, match=r"pip install llama-cpp-python==0\.3\.36"):
+        load_pair(str(t), str(d), engine="llama.cpp")
+    with pytest.raises(DiscoError, match="--engine torch"):
+        LlamaCppEngine(t)
+    torch_pair = load_pair(str(folder), str(folder), device="cpu", engine="auto")
+    assert torch_pair.engine == "torch"
+    assert target_generate(torch_pair.target, [5, 6, 7], DecodeConfig(max_new_tokens=3)).stats.new_tokens == 3
