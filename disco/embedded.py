@@ -259,13 +259,14 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _gguf_path(model: EmbeddedModel) -> Path:
+def gguf_path(model: EmbeddedModel) -> Path:
+    """Where the assembled GGUF of `model` lives in the cache (the llama.cpp engine runs it)."""
     return cache_root() / "gguf" / model.gguf_name
 
 
 def _assembled_gguf(model: EmbeddedModel, install: bool, progress: bool) -> Path:
     """The verified GGUF in the cache: reused if kept from an earlier run, else assembled."""
-    dest = _gguf_path(model)
+    dest = gguf_path(model)
     if dest.is_file() and dest.stat().st_size == model.size and _file_sha256(dest) == model.sha256:
         return dest
     dest.unlink(missing_ok=True)
@@ -347,7 +348,7 @@ def _clean_stale(model: EmbeddedModel) -> None:
     """Remove leftovers of interrupted runs (call only while holding the model's lock)."""
     for stale in _embedded_dir().glob(_temp_prefix(model) + "*"):
         shutil.rmtree(stale, ignore_errors=True)
-    partial = _gguf_path(model).with_name(model.gguf_name + ".partial")
+    partial = gguf_path(model).with_name(model.gguf_name + ".partial")
     partial.unlink(missing_ok=True)
     final = prepared_path(model)
     if final.exists() and not is_prepared(model):  # e.g. made from another GGUF pin
@@ -430,7 +431,7 @@ def prepare_pair(install: bool = True, progress: bool = True) -> tuple[Path, Pat
 
 
 def _verified_marker(model: EmbeddedModel) -> Path:
-    return _gguf_path(model).with_name(model.gguf_name + ".verified.json")
+    return gguf_path(model).with_name(model.gguf_name + ".verified.json")
 
 
 def _stat_key(path: Path) -> list[int]:
@@ -443,7 +444,7 @@ def gguf_file(model: EmbeddedModel, install: bool = True, progress: bool = True)
 
     The hash is checked once; a marker with the file's size, mtime and inode spares later
     loads the 1.6 GB of hashing (a file replaced or modified since gets hashed again)."""
-    dest, marker = _gguf_path(model), _verified_marker(model)
+    dest, marker = gguf_path(model), _verified_marker(model)
     try:
         if json.loads(marker.read_text()) == {"sha256": model.sha256, "stat": _stat_key(dest)}:
             return dest
@@ -451,7 +452,7 @@ def gguf_file(model: EmbeddedModel, install: bool = True, progress: bool = True)
         pass
     with _model_lock(model, progress):
         marker.unlink(missing_ok=True)
-        _gguf_path(model).with_name(model.gguf_name + ".partial").unlink(missing_ok=True)
+        gguf_path(model).with_name(model.gguf_name + ".partial").unlink(missing_ok=True)
         dest.parent.mkdir(parents=True, exist_ok=True)
         gguf = _assembled_gguf(model, install, progress)  # verifies (or assembles and verifies)
         marker.write_text(json.dumps({"sha256": model.sha256, "stat": _stat_key(gguf)}))
@@ -487,7 +488,7 @@ def tokenizer_folder(model: EmbeddedModel, install: bool = True, progress: bool 
 
 def prepare_gguf_pair(install: bool = True, progress: bool = True) -> tuple[Path, Path, Path]:
     """(target GGUF, draft GGUF, tokenizer folder) of the embedded pair, for the llama.cpp engine."""
-    todo = [m for m in EMBEDDED_MODELS if _missing_requirements(m) and not _gguf_path(m).is_file()]
+    todo = [m for m in EMBEDDED_MODELS if _missing_requirements(m) and not gguf_path(m).is_file()]
     if install and todo:
         install_data_wheels(progress=progress, models=todo)
     target, draft = gguf_file(EMBEDDED_TARGET, install, progress), gguf_file(EMBEDDED_DRAFT, install, progress)

@@ -309,3 +309,17 @@ def test_prepare_pair_real() -> None:
         config = AutoConfig.from_pretrained(folder)
         assert config.num_hidden_layers == layers and config.tie_word_embeddings is False
         assert getattr(config, "quantization_config", None) is None
+
+
+def test_gguf_file_is_verified_once_then_reused(cache: Path, fake: EmbeddedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The llama.cpp engine runs the assembled GGUF itself: assembled and hashed once, then found by
+    its marker without re-hashing; a modified file is hashed (and rebuilt) again."""
+    path = embedded.gguf_file(fake, install=False, progress=False)
+    assert path.read_bytes() == b"".join(PARTS)
+    monkeypatch.setattr(embedded, "_file_sha256", lambda p: (_ for _ in ()).throw(AssertionError("re-hashed")))
+    assert embedded.gguf_file(fake, install=False, progress=False) == path
+    monkeypatch.undo()  # also drops the fake wheels from sys.path: nothing to rebuild from
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    path.write_bytes(b"tampered")
+    with pytest.raises(embedded.DiscoError):  # never accepted by its old marker
+        embedded.gguf_file(fake, install=False, progress=False)

@@ -29,3 +29,19 @@ def test_embedded_pair_is_lossless_for_every_policy(pair):
             res = generate(pair, prompt, spec, config, target_tokens=ref.tokens)
             assert res.tokens == ref.tokens, (spec.name, pair.decode(res.tokens), pair.decode(ref.tokens))
         assert pair.decode(ref.tokens).strip()
+
+
+def test_embedded_pair_on_llamacpp_is_lossless_in_exact_verification():
+    """The default engine for the embedded pair: llama.cpp, exact verification, draft in Q4_0."""
+    from disco.pair import load_pair
+
+    pair = load_pair(engine="llama.cpp", verify="exact")
+    info = pair.describe()["engine"]
+    assert info["name"] == "llama.cpp" and info["exact_width"] >= 2 and "Q4_0" in info["draft_quantization"]
+    config = DecodeConfig(max_new_tokens=48)
+    for prompt in PROMPTS:
+        ids = pair.encode(prompt)
+        ref = target_generate(pair.target, ids, config, pair.eos_token_ids)
+        for spec in (PolicySpec("constant", k=5), PolicySpec("threshold", threshold=0.6), PolicySpec("oracle")):
+            res = generate(pair, prompt, spec, config, target_tokens=ref.tokens)
+            assert res.tokens == ref.tokens, (spec.name, pair.decode(res.tokens), pair.decode(ref.tokens))
