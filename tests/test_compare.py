@@ -51,3 +51,18 @@ def test_cost_model_speedups_from_counts():
     assert out["p"]["pooled"] == pytest.approx(8 / sum(times))
     assert out["p"]["median"] == pytest.approx((6 / 7.0 + 2 / 2.0) / 2)
     assert out[HF_LABEL] is None
+
+
+def test_a_run_that_differs_is_counted_not_hidden():
+    """Fast verification on llama.cpp may change a greedy token: the table says how many prompts
+    differ and the JSON where each first differs, instead of "yes"."""
+    from disco.compare import _first_mismatch, format_table
+
+    assert _first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert _first_mismatch([1, 9, 3], [1, 2, 3]) == 1
+    assert _first_mismatch([1, 2], [1, 2, 3]) == 2  # stopped early (an EOS the reference did not emit)
+    row = {"speedup": 1.1, "speedup_median": 1.1, "speedup_min": 1.0, "speedup_max": 1.2, "tokens_per_s": 9.0,
+           "target_forwards_per_token": None, "draft_forwards_per_token": None, "mean_accepted_window": None,
+           "acceptance_rate": 0.5, "lossless": False, "mismatched_prompts": 2, "prompts": 9}
+    line = format_table({"llama-server -md": row}).splitlines()[-1]
+    assert "NO (2/9 prompts differ)" in line and "| – | – |" in line
