@@ -290,12 +290,10 @@ class EngineMismatch(UserWarning):
 
 
 def engine_label(pair_info: dict) -> str:
-    """"llama.cpp (fast)", "torch (onednn)", ...: the engine of a pair's describe() dict. Manifests
-    written before engines were recorded came from the torch engine."""
-    engine = pair_info.get("engine") or {"name": "torch"}
-    if engine["name"] == "llama.cpp":
-        return f"llama.cpp ({engine.get('verify')} verification)"
-    return "torch"
+    """"llama.cpp" or "torch": the engine of a pair's describe() dict (its verification mode and
+    threads change how fast, not what the classifier sees). Manifests written before engines were
+    recorded came from the torch engine."""
+    return (pair_info.get("engine") or {"name": "torch"})["name"]
 
 
 def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False) -> Artifact:

@@ -283,8 +283,9 @@ def _identity(manifest: dict) -> dict:
     """What must agree for two runs to share a folder (the device may change: resuming a CPU run
     on a GPU is fine; the dtype may not: it changes the numbers)."""
     pair = {k: v for k, v in manifest.get("pair", {}).items() if k != "device"}
-    # llama.cpp's thread count changes speed, not numbers (each row is reduced by one thread)
-    pair["engine"] = {k: v for k, v in (pair.get("engine") or {}).items() if k != "threads"}
+    # llama.cpp's thread count changes speed, not numbers (each row is reduced by one thread); the
+    # exact width follows from the model and the build (a probe finds it)
+    pair["engine"] = {k: v for k, v in (pair.get("engine") or {}).items() if k not in ("threads", "exact_width")}
     prompts = {k: v for k, v in manifest.get("prompts", {}).items() if k != "sources"}
     return {"format": manifest.get("format"), "pair": pair, "features": manifest.get("features"),
             "columns": manifest.get("columns"), "generation": manifest.get("generation"), "prompts": prompts}

@@ -84,7 +84,8 @@ def _pair_of(manifest: dict) -> dict:
     out = {k: pair.get(k) for k in ("target", "draft", "tokenizer_hash")}
     # the engine that computed the traces (absent: the torch engine, before engines were recorded)
     # (threads change speed, not numbers: two trace folders differing only in threads train together)
-    out["engine"] = {k: v for k, v in (pair.get("engine") or {"name": "torch"}).items() if k != "threads"}
+    out["engine"] = {k: v for k, v in (pair.get("engine") or {"name": "torch"}).items()
+                     if k not in ("threads", "exact_width")}
     out["tokenizer_hash"] = out["tokenizer_hash"] or manifest.get("tokenizer_hash")
     return out
 
