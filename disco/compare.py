@@ -56,7 +56,7 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
     engine's own speculative decoding: transformers' generate(assistant_model=…) on torch; on
     llama.cpp, llama-server target-only, with -md at llama.cpp's defaults and at `server_tuned`
     ({n_max, p_min}, tuned on validation prompts: bench/tune_llama_server.py). On llama.cpp in
-    exact verification, the classifier, the tuned baselines and the oracle also run in fast verification."""
+    exact verification, the classifier, the tuned threshold and the oracle also run in fast verification."""
     entries = [
         Entry("constant k=5", PolicySpec("constant", k=5)),
         Entry("heuristic", PolicySpec("heuristic")),
@@ -70,9 +70,9 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
         entries.insert(-1, Entry(f"threshold {tuned_threshold:.2f} (tuned)", PolicySpec("threshold", threshold=tuned_threshold)))
     if classifier is not None:
         entries.insert(-1, Entry("classifier", PolicySpec("classifier", classifier=classifier)))
-    if engine == "llama.cpp" and verify == "exact":  # the tuned policies and the bound, verifying in batches
+    if engine == "llama.cpp" and verify == "exact":  # the tuned rules and the bound, verifying in batches
         entries += [Entry(e.label + FAST_SUFFIX, e.spec, verify="fast") for e in entries
-                    if e.label in ("classifier", "oracle") or e.label.endswith("(tuned)")]
+                    if e.label in ("classifier", "oracle") or e.label.endswith("(tuned)") and e.spec.name == "threshold"]
     if include_anchor and engine == "torch":
         entries.append(Entry(HF_LABEL))
     if include_anchor and engine == "llama.cpp":
