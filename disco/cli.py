@@ -286,7 +286,7 @@ def demo(
     engine: str = EngineOpt,
 ) -> None:
     """DISCO on the embedded pair: the shipped classifier against every policy and llama.cpp's own
-    speculative decoding on 3 held-out prompts (llama.cpp engine: a few minutes on 2 CPU cores;
+    speculative decoding on 3 held-out prompts (llama.cpp engine: about 3 min on 2 CPU cores;
     --engine torch: about 8 min; --full first traces 60 train prompts and trains)."""
     from disco.demo import run_demo
 
