@@ -22,8 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cpu_backends import bandwidth_gbs, say  # noqa: E402

@@ -188,7 +188,7 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
                 else:
                     with verify_mode(pair, entry.verify):
                         res = generate(pair, item.prompt, entry.spec, config, chat, target_tokens=ref.tokens)
-                row["runs"][entry.label] = _record(res, ref, counted=not entry.anchor)
+                row["runs"][entry.label] = _record(res, ref, forwards_known=entry.server is None)
                 bar.update(1)
             per_prompt.append(row)
         bar.close()
@@ -260,13 +260,11 @@ def server_generate(server, prompt_ids: list[int], config: DecodeConfig, eos_tok
     return GenResult(tokens, stats)
 
 
-def _record(res: GenResult, ref: GenResult, counted: bool = True) -> dict:
-    """One run's numbers. counted=False: the engine's own decoding, whose forward calls and windows we
-    do not see (llama-server) or count by hooks only (transformers): no cost-model figure for it."""
+def _record(res: GenResult, ref: GenResult, forwards_known: bool = True) -> dict:
+    """One run's numbers. forwards_known=False: llama-server, whose forward calls we do not see."""
     s = res.stats
-    out = {**s.to_dict(), "lossless": res.tokens == ref.tokens, "speedup": ref.stats.wall_s / s.wall_s,
-           "counted": counted, "first_mismatch": _first_mismatch(res.tokens, ref.tokens)}
-    return out
+    return {**s.to_dict(), "lossless": res.tokens == ref.tokens, "speedup": ref.stats.wall_s / s.wall_s,
+            "forwards_known": forwards_known, "first_mismatch": _first_mismatch(res.tokens, ref.tokens)}
 
 
 def _first_mismatch(tokens: list[int], ref: list[int]) -> int | None:
@@ -284,7 +282,7 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
     wall = sum(r["wall_s"] for r in runs)
     windows = [a for r in runs for a in r["accepted_per_window"]]
     drafted = sum(r["drafted"] for r in runs)
-    server = label.startswith("llama-server")  # llama-server reports drafted/accepted only
+    known = all(r.get("forwards_known", True) for r in runs)  # llama-server reports drafted/accepted only
     return {
         # pooled: total target-only time over total time of this policy, same tokens
         "speedup": sum(b["wall_s"] for b in base) / wall if wall else 0.0,
@@ -292,8 +290,8 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
         "speedup_min": min(r["speedup"] for r in runs),
         "speedup_max": max(r["speedup"] for r in runs),
         "tokens_per_s": tokens / wall if wall else 0.0,
-        "target_forwards_per_token": None if server else sum(r["target_forwards"] for r in runs) / tokens,
-        "draft_forwards_per_token": None if server else sum(r["draft_forwards"] for r in runs) / tokens,
+        "target_forwards_per_token": sum(r["target_forwards"] for r in runs) / tokens if known else None,
+        "draft_forwards_per_token": sum(r["draft_forwards"] for r in runs) / tokens if known else None,
         "mean_accepted_window": statistics.fmean(windows) if windows else None,
         "acceptance_rate": sum(r["accepted"] for r in runs) / drafted if drafted else None,
         "lossless": all(r["lossless"] for r in runs),

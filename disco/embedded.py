@@ -27,18 +27,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from disco.errors import DiscoError
-
-try:  # POSIX only; on Windows we prepare without a cross-process lock.
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+from disco.files import file_lock
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -324,24 +319,10 @@ def _versions(model: EmbeddedModel) -> dict[str, str]:
 # --- preparation (locked, atomic, idempotent) -----------------------------------------------
 
 
-@contextmanager
-def _model_lock(model: EmbeddedModel, progress: bool) -> Iterator[None]:
-    """Exclusive cross-process lock for preparing one model (flock: released if we die)."""
-    lock_path = _embedded_dir() / f".{model.name}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as fh:
-        if fcntl is not None:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if progress:
-                    print(f"disco: waiting for another process preparing {model.name}", file=sys.stderr)
-                fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+def _model_lock(model: EmbeddedModel, progress: bool):
+    """Exclusive cross-process lock for preparing one model."""
+    return file_lock(_embedded_dir() / f".{model.name}.lock", f"waiting for another process preparing {model.name}",
+                     progress)
 
 
 def _clean_stale(model: EmbeddedModel) -> None:

@@ -6,9 +6,15 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+try:  # POSIX only; elsewhere work goes on without a cross-process lock.
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -42,3 +48,24 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path, waiting: str = "", progress: bool = True) -> Iterator[None]:
+    """Exclusive cross-process lock on `path` (flock: released if the process dies). `waiting`:
+    what to print while another process holds it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if progress and waiting:
+                    print(f"disco: {waiting}", file=sys.stderr)
+                fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(fh, fcntl.LOCK_UN)

@@ -46,18 +46,13 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import deque
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from disco.embedded import cache_root
 from disco.errors import DiscoError
-
-try:  # POSIX only; without it two processes could build at once (harmless, just wasteful).
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+from disco.files import file_lock
 
 PINNED_VERSION = "0.3.36"  # pyproject.toml pins llama-cpp-python==0.3.36
 SDIST_ENV = "DISCO_LLAMA_SDIST"  # optional: a local llama-cpp-python sdist (.tar.gz) to build from
@@ -133,22 +128,10 @@ def server_binary(build: bool = True, progress: bool = True, version: str = SERV
     return binary
 
 
-@contextmanager
-def _build_lock(folder: Path, progress: bool) -> Iterator[None]:
-    """Exclusive cross-process lock for building into `folder` (flock: released if we die)."""
-    with open(folder.parent / f".{folder.name}.lock", "a") as fh:
-        if fcntl is not None:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if progress:
-                    print(f"disco: waiting for another process building {folder.name}/llama-server", file=sys.stderr)
-                fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+def _build_lock(folder: Path, progress: bool):
+    """Exclusive cross-process lock for building into `folder`."""
+    return file_lock(folder.parent / f".{folder.name}.lock",
+                     f"waiting for another process building {folder.name}/llama-server", progress)
 
 
 def _find_tools() -> tuple[str, str | None]:
