@@ -265,3 +265,28 @@ def test_a_missing_llamacpp_says_how_to_install_and_torch_still_works(files, mon
     torch_pair = load_pair(str(folder), str(folder), device="cpu", engine="auto")
     assert torch_pair.engine == "torch"
     assert target_generate(torch_pair.target, [5, 6, 7], DecodeConfig(max_new_tokens=3)).stats.new_tokens == 3
+
+
+def test_hidden_states_match_the_torch_engine(files, pair):
+    """Both engines give the last layer's states (after the final norm) of the kept positions: the
+    input SpecDec++-style policies read. The tiny GGUF holds the same weights as the torch model."""
+    from transformers import AutoModelForCausalLM
+
+    from disco.engines.base import as_engine
+
+    t = files[0]
+    model = AutoModelForCausalLM.from_pretrained(str(t.parent), gguf_file=t.name, dtype=torch.float32).eval()
+    ids = torch.tensor(_ids(pair, PROMPTS[3]))
+    states = []
+    for engine in (pair.target, as_engine(model)):
+        s = engine.session(ids[:6], hidden=True)
+        s.prefill()
+        logits = s.forward(ids[5:12], 4)
+        h = s.hidden()
+        assert h is not None and h.shape == (4, 32) and logits.shape[0] == 4
+        states.append(h.float())
+    assert (states[0] - states[1]).abs().max() < 2e-2 * states[1].abs().max()
+    plain = pair.target.session(ids[:6])
+    plain.prefill()
+    plain.forward(ids[5:12], 4)
+    assert plain.hidden() is None  # only on request: it costs an extra output

@@ -8,6 +8,8 @@ own sequence and KV cache:
     logits = session.forward(tokens, keep)  # k new tokens -> (keep, vocab) logits of the last `keep`
     session.truncate(n_ids)                 # roll back: keep the first n_ids tokens of prompt + output
     session.unseen(ids)                     # the tokens of ids the cache has not seen yet
+    session.hidden()                        # opened with hidden=True: the last layer's states of the
+                                            # last forward's kept positions (the draft's, for a policy)
 
 An engine whose batched forward rounds differently from one-token steps must make `forward`
 agree with one-token decoding, or say in `describe()` that it does not (llama.cpp's fast mode).
@@ -36,13 +38,15 @@ class Session(Protocol):
 
     def truncate(self, n_ids: int) -> None: ...
 
+    def hidden(self) -> torch.Tensor | None: ...  # (keep, hidden) last-layer states of the last forward
+
 
 @runtime_checkable
 class Engine(Protocol):
     name: str  # "torch" or "llama.cpp": recorded in traces, profiles and artifacts
     device: torch.device  # where its logits live
 
-    def session(self, prompt: torch.Tensor, use_cache: bool = True) -> Session: ...
+    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False) -> Session: ...
 
     @property
     def context_length(self) -> int: ...

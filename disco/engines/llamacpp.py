@@ -185,6 +185,7 @@ class LlamaCppEngine:
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._session_id = 0  # a new session invalidates the older ones (they share the one KV cache)
         self._exact_width: int | None = None  # found by the probe on first use (exact_width)
+        self._want_hidden, self.last_hidden = False, None  # the current session's hidden-state output
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -263,13 +264,16 @@ class LlamaCppEngine:
 
     # --- running -------------------------------------------------------------------------------
 
-    def session(self, prompt: torch.Tensor, use_cache: bool = True) -> LlamaCppSession:
+    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False) -> LlamaCppSession:
         """A decode from an empty KV cache. use_cache is accepted for the interface: a llama.cpp
-        context always has its cache, and a fresh session starts it empty."""
+        context always has its cache, and a fresh session starts it empty. hidden: also output the
+        last layer's states (llama.cpp's per-token embeddings, after the final norm)."""
         if self.verify == "exact":
             self.exact_width  # noqa: B018 -- probe once, before the session owns the cache
         self._session_id += 1
         self._lc.llama_memory_clear(self._mem, True)
+        self._lc.llama_set_embeddings(self._ctx, hidden)
+        self._want_hidden, self.last_hidden = hidden, None
         return LlamaCppSession(self, self._session_id, [int(t) for t in prompt.tolist()])
 
     def _decode(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
@@ -285,6 +289,10 @@ class LlamaCppEngine:
                              f"of {self.n_ctx} positions is full? shorten the prompt or lower --max-new-tokens")
         if keep == 0:
             return torch.empty(0, self._n_vocab)
+        if self._want_hidden:  # the states of the same output rows, (keep, n_embd)
+            emb = self._lc.llama_get_embeddings(self._ctx)
+            n_embd = self._lc.llama_model_n_embd(self._model)
+            self.last_hidden = torch.from_numpy(np.ctypeslib.as_array(emb, shape=(keep, n_embd)).copy())
         ptr = self._lc.llama_get_logits(self._ctx)
         return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(keep, self._n_vocab)).copy())
 
@@ -301,6 +309,7 @@ class LlamaCppSession:
         self.engine, self._id, self.n_prompt = engine, session_id, len(prompt)
         self.prompt = prompt
         self.length = 0
+        self._hidden_rows: list[torch.Tensor] = []  # hidden states of the last forward's kept rows
 
     def _check(self) -> None:
         if self._id != self.engine._session_id:
@@ -322,6 +331,7 @@ class LlamaCppSession:
                              f"{self.engine.n_ctx} tokens: shorten the prompt or lower --max-new-tokens")
         # The prompt (but its pending last token) is always fed in batches, as prefill() does; after
         # it, exact mode feeds batches narrow enough to round like target-only decoding's one-token steps.
+        self._hidden_rows: list[torch.Tensor] = []
         n_prefix = max(0, min(len(toks), self.n_prompt - 1 - self.length))
         rows = self._feed(toks[:n_prefix], max(0, keep - (len(toks) - n_prefix)), self.engine.n_batch)
         step = self.engine.exact_width if self.engine.verify == "exact" else self.engine.n_batch
@@ -329,7 +339,8 @@ class LlamaCppSession:
         return torch.cat(rows) if rows else torch.empty(0, self.engine.vocab_size)
 
     def _feed(self, toks: list[int], keep: int, step: int) -> list[torch.Tensor]:
-        """Decode `toks` in chunks of `step`; the logits of the last `keep`, one tensor per chunk that has any."""
+        """Decode `toks` in chunks of `step`; the logits of the last `keep`, one tensor per chunk that has any
+        (and their hidden states in self._hidden_rows when the session wants them)."""
         rows = []
         for i in range(0, len(toks), step):
             chunk = toks[i : i + step]
@@ -338,7 +349,13 @@ class LlamaCppSession:
             self.length += len(chunk)
             if want:
                 rows.append(out)
+                if self.engine.last_hidden is not None:
+                    self._hidden_rows.append(self.engine.last_hidden)
         return rows
+
+    def hidden(self) -> torch.Tensor | None:
+        """(keep, hidden) last-layer states of the last forward's kept positions (sessions opened with hidden=True)."""
+        return torch.cat(self._hidden_rows) if self._hidden_rows else None
 
     def truncate(self, n_ids: int) -> None:
         self._check()

@@ -89,11 +89,15 @@ def _truncate(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, **inputs) -> torch.Tensor:
+def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, hidden_out: list | None = None,
+             **inputs) -> torch.Tensor:
     """Feed `ids` (n,) after what `cache` holds; return logits of the last `keep` positions, (keep, vocab).
 
+    hidden_out: a list to append the last layer's states of those positions to, (keep, hidden).
     inputs: encoder_outputs for an encoder-decoder (whose `ids` are then decoder tokens)."""
     kind = model_kind(model)
+    if hidden_out is not None:
+        inputs["output_hidden_states"] = True
     if kind.logits_to_keep:
         inputs["logits_to_keep"] = keep
     if kind.encoder_decoder:
@@ -104,6 +108,9 @@ def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, **inpu
     else:
         inputs["input_ids"] = ids.unsqueeze(0)
     out = model(**inputs, cache=cache, use_cache=cache is not None)
+    if hidden_out is not None:
+        states = out.decoder_hidden_states if kind.encoder_decoder else out.hidden_states
+        hidden_out.append(states[-1][0, -keep:])
     return out.logits[0, -keep:]
 
 
@@ -115,7 +122,8 @@ class ModelState:
     (`ids`); this class maps them onto the model's sequence. When a cache cannot be rolled back
     (crop fails), it is dropped and the kept tokens are re-run on the next forward (`recomputed`)."""
 
-    def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, use_cache: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, use_cache: bool = True,
+                 hidden: bool = False) -> None:
         self.model, self.n_prompt = model, len(prompt)
         kind = model_kind(model)
         self.inputs: dict = {}
@@ -126,6 +134,8 @@ class ModelState:
             self.prefix = prompt
         self.cache = _new_cache(model) if use_cache else None
         self.recomputed = 0  # tokens re-run because the cache could not be rolled back
+        self.want_hidden = hidden  # keep the last layer's states of every forward (hidden())
+        self._hidden: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -140,7 +150,14 @@ class ModelState:
         return torch.cat([self.prefix[j:], ids[self.n_prompt :]])
 
     def forward(self, tokens: torch.Tensor, keep: int) -> torch.Tensor:
-        return _forward(self.model, self.cache, tokens, keep, **self.inputs)
+        buf: list | None = [] if self.want_hidden else None
+        logits = _forward(self.model, self.cache, tokens, keep, buf, **self.inputs)
+        self._hidden = buf[0] if buf else None
+        return logits
+
+    def hidden(self) -> torch.Tensor | None:
+        """(keep, hidden) last-layer states of the last forward's kept positions (sessions opened with hidden=True)."""
+        return self._hidden
 
     def prefill(self) -> None:
         """Feed the prefix except its last token (the pending one)."""
@@ -181,8 +198,8 @@ class TorchEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def session(self, prompt: torch.Tensor, use_cache: bool = True) -> ModelState:
-        return ModelState(self.model, prompt, use_cache)
+    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False) -> ModelState:
+        return ModelState(self.model, prompt, use_cache, hidden)
 
     @property
     def context_length(self) -> int:
