@@ -287,7 +287,8 @@ def demo(
 ) -> None:
     """DISCO on the embedded pair: the shipped classifier against every policy and llama.cpp's own
     speculative decoding on 3 held-out prompts (llama.cpp engine: about 3 min on 2 CPU cores;
-    --engine torch: about 8 min; --full first traces 60 train prompts and trains)."""
+    --engine torch: about 8 min). --full first traces 60 train prompts, profiles the pair and trains
+    (llama.cpp: about 8 min in all; torch: about 22 min)."""
     from disco.demo import run_demo
 
     run_demo(out, full=full, per_task=per_task, max_new_tokens=max_new_tokens, engine=engine)

@@ -56,6 +56,21 @@ def run_demo(out: Path, full: bool = False, per_task: int = DEMO_PER_TASK,
     return result
 
 
+def _profile(pair, out: Path) -> Path:
+    """The pair's cost model on this machine, which the classifier's threshold is tuned for. On
+    llama.cpp: that of fast verification, as for the shipped classifier (with exact verification no
+    window pays on a 2-core CPU: bench/RESULTS.md, "llama.cpp engine")."""
+    from disco.compare import verify_mode
+    from disco.files import atomic_write_json
+    from disco.profile import profile_pair
+
+    with verify_mode(pair, "fast" if pair.engine == "llama.cpp" else None):
+        profile = profile_pair(pair, repeats=5, warmup=1)
+    path = out / "profile.json"
+    atomic_write_json(path, profile)
+    return path
+
+
 def _collect_and_train(pair, out: Path, per_task: int, config: DecodeConfig) -> Path:
     from disco.collect import collect
     from disco.train import TrainConfig, train
@@ -63,6 +78,6 @@ def _collect_and_train(pair, out: Path, per_task: int, config: DecodeConfig) -> 
     prompts = [p for task in TASKS for p in load_prompts(DATA_DIR / f"{task}-train.jsonl", per_task)]
     traces = out / "traces"
     collect(pair, prompts, traces, config)  # resumable: rerunning the demo continues here
-    report = train(TrainConfig(traces=[traces], out=out / "classifier"))
+    report = train(TrainConfig(traces=[traces], out=out / "classifier", profile=_profile(pair, out)))
     print(report.markdown())
     return out / "classifier"
