@@ -11,13 +11,15 @@ round like k+1 one-token steps, and a greedy argmax can flip. Two verification m
     exact  every forward is split into llama_decode calls no wider than the model's exact width:
            the widest batch whose logits are bit-identical to one-token steps, found once per
            model by a probe (`exact_width`: batches of 4, 3, 2 against one-token decoding of the
-           same tokens; 1 when none matches). The kernels are chosen by shape, not by values, so
-           what the probe sees holds for every input. For the embedded Q4_K_M pair with weight
+           same tokens; 1 when none matches). The kernels are chosen by the shapes of a batch, not
+           by its values, which is why one probe speaks for every input (the slow test and compare
+           check it on real prompts). For the embedded Q4_K_M pair with weight
            repacking (llama.cpp's default) it is 3: the repacked matmul computes rows in groups
            of four with a gemm kernel and the rest with the gemv kernel one-token decoding uses
            (measured over 96 positions: widths 2 and 3 bit-identical, 4 differs by up to 0.56 and
            flips an argmax). Greedy output then equals target-only decoding bit for bit, at the
-           price of part of the batching gain.
+           price of the batching gain: each gemv row re-reads the weights, so on a 2-core CPU
+           verify(k) costs nearly k one-token steps (bench/RESULTS.md, "llama.cpp engine").
     fast   one batched llama_decode per verification (what llama.cpp's own speculative
            decoding does): cheapest, but its output may differ from target-only decoding;
            compare reports the mismatch.
