@@ -93,7 +93,7 @@ class Pair:
     def _engine_info(self) -> dict:
         info = as_engine(self.target).describe()
         if info["name"] == "llama.cpp":  # the draft's file may be re-quantized: its numbers are its own
-            info["draft_quantization"] = as_engine(self.draft).describe()["quantization"]
+            info["draft_quantization"] = as_engine(self.draft).description  # (describe() would probe its exact width)
         return info
 
 

@@ -187,7 +187,6 @@ class LlamaCppEngine:
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._session_id = 0  # a new session invalidates the older ones (they share the one KV cache)
         self._exact_width: int | None = None  # found by the probe on first use (exact_width)
-        self._want_hidden, self.last_hidden = False, None  # the current session's hidden-state output
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -252,11 +251,11 @@ class LlamaCppEngine:
         self._session_id += 1  # the probe owns the cache now
         self._lc.llama_memory_clear(self._mem, True)
         self._decode(toks[:_PROBE_PREFIX], 0, 0)
-        ref = torch.cat([self._decode([t], _PROBE_PREFIX + i, 1) for i, t in enumerate(toks[_PROBE_PREFIX:])])
+        ref = torch.cat([self._decode([t], _PROBE_PREFIX + i, 1)[0] for i, t in enumerate(toks[_PROBE_PREFIX:])])
         best = 1
         for width in EXACT_PROBE_WIDTHS:
             self._remove_from(_PROBE_PREFIX)
-            rows = [self._decode(toks[i : i + width], i, len(toks[i : i + width]))
+            rows = [self._decode(toks[i : i + width], i, len(toks[i : i + width]))[0]
                     for i in range(_PROBE_PREFIX, n, width)]
             if torch.equal(torch.cat(rows), ref):
                 best = width
@@ -275,11 +274,12 @@ class LlamaCppEngine:
         self._session_id += 1
         self._lc.llama_memory_clear(self._mem, True)
         self._lc.llama_set_embeddings(self._ctx, hidden)
-        self._want_hidden, self.last_hidden = hidden, None
-        return LlamaCppSession(self, self._session_id, [int(t) for t in prompt.tolist()])
+        return LlamaCppSession(self, self._session_id, [int(t) for t in prompt.tolist()], hidden)
 
-    def _decode(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
-        """Feed `tokens` at positions start.. in one llama_decode; (keep, vocab) logits of the last `keep`."""
+    def _decode(self, tokens: list[int], start: int, keep: int,
+                hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed `tokens` at positions start.. in one llama_decode: (keep, vocab) logits of the last `keep`,
+        and with `hidden` (a context with embeddings on) their (keep, n_embd) last-layer states."""
         b, n = self._batch, len(tokens)
         for i, t in enumerate(tokens):
             b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, start + i, 1, 0
@@ -290,13 +290,14 @@ class LlamaCppEngine:
             raise DiscoError(f"llama.cpp could not decode {n} tokens at position {start} (code {rc}): the KV cache "
                              f"of {self.n_ctx} positions is full? shorten the prompt or lower --max-new-tokens")
         if keep == 0:
-            return torch.empty(0, self._n_vocab)
-        if self._want_hidden:  # the states of the same output rows, (keep, n_embd)
+            return torch.empty(0, self._n_vocab), None
+        states = None
+        if hidden:  # the states of the same output rows
             emb = self._lc.llama_get_embeddings(self._ctx)
             n_embd = self._lc.llama_model_n_embd(self._model)
-            self.last_hidden = torch.from_numpy(np.ctypeslib.as_array(emb, shape=(keep, n_embd)).copy())
+            states = torch.from_numpy(np.ctypeslib.as_array(emb, shape=(keep, n_embd)).copy())
         ptr = self._lc.llama_get_logits(self._ctx)
-        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(keep, self._n_vocab)).copy())
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(keep, self._n_vocab)).copy()), states
 
     def _remove_from(self, length: int) -> None:
         self._lc.llama_memory_seq_rm(self._mem, 0, length, -1)
@@ -307,10 +308,11 @@ class LlamaCppSession:
 
     recomputed = 0  # rollback always works: llama.cpp removes KV cells by position
 
-    def __init__(self, engine: LlamaCppEngine, session_id: int, prompt: list[int]) -> None:
+    def __init__(self, engine: LlamaCppEngine, session_id: int, prompt: list[int], want_hidden: bool = False) -> None:
         self.engine, self._id, self.n_prompt = engine, session_id, len(prompt)
         self.prompt = prompt
         self.length = 0
+        self.want_hidden = want_hidden  # keep the last layer's states of every forward (hidden())
         self._hidden_rows: list[torch.Tensor] = []  # hidden states of the last forward's kept rows
 
     def _check(self) -> None:
@@ -333,7 +335,7 @@ class LlamaCppSession:
                              f"{self.engine.n_ctx} tokens: shorten the prompt or lower --max-new-tokens")
         # The prompt (but its pending last token) is always fed in batches, as prefill() does; after
         # it, exact mode feeds batches narrow enough to round like target-only decoding's one-token steps.
-        self._hidden_rows: list[torch.Tensor] = []
+        self._hidden_rows = []
         n_prefix = max(0, min(len(toks), self.n_prompt - 1 - self.length))
         rows = self._feed(toks[:n_prefix], max(0, keep - (len(toks) - n_prefix)), self.engine.n_batch)
         step = self.engine.exact_width if self.engine.verify == "exact" else self.engine.n_batch
@@ -347,12 +349,12 @@ class LlamaCppSession:
         for i in range(0, len(toks), step):
             chunk = toks[i : i + step]
             want = min(len(chunk), max(0, keep - (len(toks) - i - len(chunk))))  # of the last `keep`
-            out = self.engine._decode(chunk, self.length, want)
+            out, states = self.engine._decode(chunk, self.length, want, self.want_hidden)
             self.length += len(chunk)
             if want:
                 rows.append(out)
-                if self.engine.last_hidden is not None:
-                    self._hidden_rows.append(self.engine.last_hidden)
+                if states is not None:
+                    self._hidden_rows.append(states)
         return rows
 
     def hidden(self) -> torch.Tensor | None:
