@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from disco.errors import DiscoError
-from disco.files import file_lock
+from disco.files import atomic_dir, file_lock
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -454,16 +454,11 @@ def tokenizer_folder(model: EmbeddedModel, install: bool = True, progress: bool 
             return folder
         from transformers import AutoTokenizer
 
-        tmp = _embedded_dir() / f"{_temp_prefix(model)}tok-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            if progress:
-                print(f"disco: reading the tokenizer of {gguf.name} (once)", file=sys.stderr)
+        if progress:
+            print(f"disco: reading the tokenizer of {gguf.name} (once)", file=sys.stderr)
+        with atomic_dir(folder) as tmp:
             AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
             (tmp / MARKER).write_text(json.dumps({"name": model.name, "gguf_sha256": model.sha256}) + "\n")
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

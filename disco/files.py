@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -41,7 +43,9 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     readers see the whole folder or none of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    # mkdir, not mkdtemp: mkdtemp's 0700 would make a shared cache folder unreadable to others
+    tmp = path.parent / f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir()
     try:
         yield tmp
         shutil.rmtree(path, ignore_errors=True)
@@ -69,3 +73,11 @@ def file_lock(path: str | Path, waiting: str = "", progress: bool = True) -> Ite
         finally:
             if fcntl is not None:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def file_key(path: str | Path) -> str:
+    """A short key for a file as it is now (its resolved path, size and modification time): names a
+    cache entry derived from it, which a changed or replaced file then no longer matches."""
+    path = Path(path).resolve()
+    st = path.stat()
+    return hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]

@@ -340,11 +340,9 @@ def gguf_tokenizer(path: Path):
     """The transformers tokenizer of a GGUF file, converted once (it can take ~25 s) and cached
     under the cache root, keyed by the file's path, size and modification time."""
     from disco.embedded import cache_root
-    from disco.files import atomic_dir
+    from disco.files import atomic_dir, file_key
 
-    st = path.resolve().stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = cache_root() / "tokenizers" / f"{path.stem}-{key}"
+    folder = cache_root() / "tokenizers" / f"{path.stem}-{file_key(path)}"
     if not (folder / "tokenizer_config.json").is_file():
         tok = load_tokenizer(str(path))
         with atomic_dir(folder) as tmp:

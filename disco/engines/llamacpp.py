@@ -87,17 +87,15 @@ DRAFT_QUANTS = {"q4_0": 2, "q8_0": 7}  # name -> llama_ftype (LLAMA_FTYPE_MOSTLY
 def requantized(path: Path, quant: str, progress: bool = True) -> Path:
     """`path` re-quantized to `quant` (every tensor, the output matrix included), made once (seconds)
     and cached beside disco's other GGUFs, keyed by the source file's path, size and mtime."""
-    import hashlib
     import sys
     import tempfile
 
     from disco.embedded import cache_root
+    from disco.files import file_key
 
     if quant not in DRAFT_QUANTS:
         raise DiscoError(f"unknown draft quantization {quant!r}: choose one of {', '.join(DRAFT_QUANTS)}")
-    st = path.resolve().stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    dest = cache_root() / "gguf" / "requantized" / f"{path.stem}-{quant}-{key}.gguf"
+    dest = cache_root() / "gguf" / "requantized" / f"{path.stem}-{quant}-{file_key(path)}.gguf"
     if dest.is_file():
         return dest
     lc = llama_cpp_module()
