@@ -45,7 +45,7 @@ import torch
 
 import disco
 from disco.decode import DecodeConfig, speculative_generate
-from disco.engines.base import teacher_forced_logits
+from disco.engines.base import numeric_identity, teacher_forced_logits
 from disco.errors import DiscoError
 from disco.features import FEATURES, WindowState, token_class_table, token_features
 from disco.files import atomic_write_json
@@ -283,9 +283,7 @@ def _identity(manifest: dict) -> dict:
     """What must agree for two runs to share a folder (the device may change: resuming a CPU run
     on a GPU is fine; the dtype may not: it changes the numbers)."""
     pair = {k: v for k, v in manifest.get("pair", {}).items() if k != "device"}
-    # llama.cpp's thread count changes speed, not numbers (each row is reduced by one thread); the
-    # exact width follows from the model and the build (a probe finds it)
-    pair["engine"] = {k: v for k, v in (pair.get("engine") or {}).items() if k not in ("threads", "exact_width")}
+    pair["engine"] = numeric_identity(pair.get("engine"))
     prompts = {k: v for k, v in manifest.get("prompts", {}).items() if k != "sources"}
     return {"format": manifest.get("format"), "pair": pair, "features": manifest.get("features"),
             "columns": manifest.get("columns"), "generation": manifest.get("generation"), "prompts": prompts}

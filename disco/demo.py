@@ -26,10 +26,6 @@ DEMO_MAX_NEW_TOKENS = 64
 FULL_TRAIN_PER_TASK = 20  # train prompts per task that --full traces
 
 
-def shipped_classifier(engine: str) -> Path:
-    return SHIPPED_CLASSIFIERS[engine]
-
-
 def run_demo(out: Path, full: bool = False, per_task: int = DEMO_PER_TASK,
              max_new_tokens: int = DEMO_MAX_NEW_TOKENS, train_per_task: int = FULL_TRAIN_PER_TASK,
              engine: str = DEFAULT_ENGINE, cpu_backend: str | None = None) -> dict:
@@ -38,7 +34,7 @@ def run_demo(out: Path, full: bool = False, per_task: int = DEMO_PER_TASK,
     if full:
         classifier = _collect_and_train(pair, out, train_per_task, config)
     else:
-        classifier = shipped_classifier(pair.engine)
+        classifier = SHIPPED_CLASSIFIERS[pair.engine]
         if not (classifier / "manifest.json").exists():
             raise DiscoError(f"no shipped classifier at {classifier}: run `disco demo --full` to train one")
     tuned_k, tuned_threshold = tuned_from_artifact(classifier)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from disco.artifact import DenseModel, LightGBMModel, Model, save_artifact
+from disco.engines.base import numeric_identity
 from disco.errors import DiscoError
 from disco.features import DISCO_FEATURES, FEATURES
 from disco.policy import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD
@@ -82,10 +83,7 @@ class TraceData:
 def _pair_of(manifest: dict) -> dict:
     pair = manifest.get("pair") if isinstance(manifest.get("pair"), dict) else {}
     out = {k: pair.get(k) for k in ("target", "draft", "tokenizer_hash")}
-    # the engine that computed the traces (absent: the torch engine, before engines were recorded)
-    # (threads change speed, not numbers: two trace folders differing only in threads train together)
-    out["engine"] = {k: v for k, v in (pair.get("engine") or {"name": "torch"}).items()
-                     if k not in ("threads", "exact_width")}
+    out["engine"] = numeric_identity(pair.get("engine"))  # the engine that computed the traces
     out["tokenizer_hash"] = out["tokenizer_hash"] or manifest.get("tokenizer_hash")
     return out
 

@@ -57,6 +57,17 @@ class Engine(Protocol):
     def describe(self) -> dict: ...  # engine name, version, threads, quantization, verification mode
 
 
+# describe() fields that change how fast an engine runs, not the numbers it computes: llama.cpp's
+# thread count (each row is reduced by one thread) and its exact width (the model and the build fix it)
+SPEED_ONLY = ("threads", "exact_width")
+
+
+def numeric_identity(engine_info: dict | None) -> dict:
+    """An engine's describe() without SPEED_ONLY fields: what must agree for two traces to mix or a
+    collection to resume. Manifests written before engines were recorded came from torch."""
+    return {k: v for k, v in (engine_info or {"name": "torch"}).items() if k not in SPEED_ONLY}
+
+
 def as_engine(model) -> Engine:
     """`model` itself when it is an engine; a torch.nn.Module is wrapped in the torch engine."""
     if isinstance(model, torch.nn.Module):
