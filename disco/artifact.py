@@ -5,13 +5,18 @@
                       data, versions, and the model file's sha256 (written last)
       model.txt       LightGBM's text model            (kind "lightgbm")
       model.json      weights of a logistic regression (kind "logistic") or small MLP ("mlp")
+      model.safetensors  an acceptance head on the draft's hidden state + features ("head")
       model.joblib    any other sklearn-style estimator: a pickle, loaded only with trust_pickle
       metrics.md      the training report (metrics, speedup table, ablation)
 
-Every model reads the full FEATURES vector (features.py); one trained on a subset (the
-ablation) records the columns it uses. Loading refuses a feature list other than this
-disco's FEATURES, a model file whose sha256 differs from the manifest, and a pair other
-than `expect_pair`.
+Every model reads the FEATURES vector (features.py), by name: `columns` in the manifest lists
+the features it uses, so a model trained by an older disco (fewer features) still loads. A
+head also reads the draft's hidden state (manifest "hidden": its width and projection seed).
+The manifest records what `disco train` chose (`choice`: the classifier under a rule, or the
+tuned threshold), the rule's tuned parameter, a Platt calibration of P(accept) and the cost
+model. Loading refuses a feature the model reads that this disco does not compute, a model file
+whose sha256 differs from the manifest, a pair other than `expect_pair`, and a head whose
+hidden width differs from that pair's draft.
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ import torch
 
 from disco.errors import DiscoError
 from disco.features import FEATURES
-from disco.files import atomic_write_json, atomic_write_text
+from disco.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 ARTIFACT_FORMAT = 1  # bump when the folder layout changes
 MANIFEST = "manifest.json"
 METRICS = "metrics.md"
-MODEL_FILES = {"lightgbm": "model.txt", "logistic": "model.json", "mlp": "model.json", "joblib": "model.joblib"}
+MODEL_FILES = {"lightgbm": "model.txt", "logistic": "model.json", "mlp": "model.json", "head": "model.safetensors",
+               "joblib": "model.joblib"}
 _ACTIVATIONS = ("identity", "relu", "tanh", "logistic")
 
 
@@ -43,11 +49,12 @@ def features_hash(features: Sequence[str] = FEATURES) -> str:
     return hashlib.sha256(json.dumps(list(features)).encode()).hexdigest()[:16]
 
 
-def _as_2d(X: np.ndarray) -> np.ndarray:
+def _as_2d(X: np.ndarray, hidden_dim: int = 0) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
     X = X.reshape(1, -1) if X.ndim == 1 else X
-    if X.ndim != 2 or X.shape[1] != len(FEATURES):
-        raise DiscoError(f"expected rows of {len(FEATURES)} features (FEATURES order), got shape {X.shape}")
+    if X.ndim != 2 or X.shape[1] != len(FEATURES) + hidden_dim:
+        raise DiscoError(f"expected rows of {len(FEATURES)} features (FEATURES order)"
+                         + (f" + {hidden_dim} hidden dims" if hidden_dim else "") + f", got shape {X.shape}")
     return X
 
 
@@ -61,10 +68,10 @@ class DenseModel:
     Plain arrays: they serialise to JSON and run in numpy (simulator, host) or torch (device)."""
 
     def __init__(self, kind: str, mean: np.ndarray, scale: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]],
-                 activation: str = "identity", columns: Sequence[int] | None = None) -> None:
+                 activation: str = "identity", columns: Sequence[int] | None = None, hidden_dim: int = 0) -> None:
         if activation not in _ACTIVATIONS:
             raise DiscoError(f"unknown activation {activation!r}")
-        self.kind, self.activation = kind, activation
+        self.kind, self.activation, self.hidden_dim = kind, activation, hidden_dim
         self.mean, self.scale = np.asarray(mean, np.float64), np.asarray(scale, np.float64)
         self.layers = [(np.asarray(W, np.float64), np.asarray(b, np.float64)) for W, b in layers]
         self.columns = list(columns) if columns is not None else list(range(len(FEATURES)))
@@ -87,8 +94,13 @@ class DenseModel:
             return z.sigmoid() if isinstance(z, torch.Tensor) else 1.0 / (1.0 + np.exp(-z))
         return z
 
+    def _inputs(self, X: np.ndarray) -> np.ndarray:
+        """The features it reads, then the hidden state (a head): X holds FEATURES [+ hidden]."""
+        X = _as_2d(X, self.hidden_dim)
+        return np.concatenate([X[:, self.columns], X[:, len(FEATURES):]], 1) if self.hidden_dim else X[:, self.columns]
+
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        z = (_as_2d(X)[:, self.columns] - self.mean) / self.scale
+        z = (self._inputs(X) - self.mean) / self.scale
         for i, (W, b) in enumerate(self.layers):
             z = z @ W + b
             if i < len(self.layers) - 1:
@@ -101,8 +113,12 @@ class DenseModel:
         cols, mean, scale = torch.as_tensor(self.columns, device=device), t(self.mean), t(self.scale)
         layers = [(t(W), t(b)) for W, b in self.layers]
 
+        n_feat = len(FEATURES)
+
         def predict(x: torch.Tensor) -> torch.Tensor:
-            z = (x.float()[cols] - mean) / scale
+            x = x.float()
+            z = torch.cat([x[cols], x[n_feat:]]) if self.hidden_dim else x[cols]
+            z = (z - mean) / scale
             for i, (W, b) in enumerate(layers):
                 z = z @ W + b
                 if i < len(layers) - 1:
@@ -117,16 +133,32 @@ class DenseModel:
                 "layers": [{"W": W.tolist(), "b": b.tolist()} for W, b in self.layers]}
 
     @classmethod
-    def from_json(cls, data: dict) -> DenseModel:
+    def from_json(cls, data: dict, columns: Sequence[int] | None = None) -> DenseModel:
         layers = [(np.array(layer["W"]), np.array(layer["b"])) for layer in data["layers"]]
         return cls(data["kind"], np.array(data["mean"]), np.array(data["scale"]), layers, data["activation"],
-                   data["columns"])
+                   data["columns"] if columns is None else columns)
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """The weights as named tensors (safetensors: no code runs when they are loaded)."""
+        t = lambda a: torch.tensor(np.ascontiguousarray(a))  # noqa: E731
+        out = {"mean": t(self.mean), "scale": t(self.scale)}
+        for i, (W, b) in enumerate(self.layers):
+            out[f"W{i}"], out[f"b{i}"] = t(W), t(b)
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], activation: str, columns: Sequence[int],
+                     hidden_dim: int) -> DenseModel:
+        n = sum(1 for k in tensors if k.startswith("W"))
+        layers = [(tensors[f"W{i}"].numpy(), tensors[f"b{i}"].numpy()) for i in range(n)]
+        return cls("head", tensors["mean"].numpy(), tensors["scale"].numpy(), layers, activation, columns, hidden_dim)
 
 
 class LightGBMModel:
     """A LightGBM booster over FEATURES[columns]; runs on the host."""
 
     kind = "lightgbm"
+    hidden_dim = 0
 
     def __init__(self, booster, columns: Sequence[int] | None = None) -> None:
         self.booster = booster
@@ -155,6 +187,7 @@ class JoblibModel:
     """Any estimator with predict_proba, pickled: only ever loaded with an explicit trust_pickle."""
 
     kind = "joblib"
+    hidden_dim = 0
 
     def __init__(self, estimator, columns: Sequence[int] | None = None) -> None:
         self.estimator = estimator
@@ -173,6 +206,38 @@ Model = DenseModel | LightGBMModel | JoblibModel
 # --- the artifact ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """Platt scaling of a model's P(accept): sigmoid(a * logit(p) + b). Identity: a = 1, b = 0."""
+
+    a: float = 1.0
+    b: float = 0.0
+
+    def __call__(self, p):
+        if self.a == 1.0 and self.b == 0.0:
+            return p
+        if isinstance(p, torch.Tensor):
+            p = p.clamp(1e-7, 1 - 1e-7)
+            return torch.sigmoid(self.a * torch.log(p / (1 - p)) + self.b)
+        p = np.clip(p, 1e-7, 1 - 1e-7)
+        return 1.0 / (1.0 + np.exp(-(self.a * np.log(p / (1 - p)) + self.b)))
+
+
+class Calibrated:
+    """A model whose P(accept) goes through a Calibration (the rules that multiply probabilities need it)."""
+
+    def __init__(self, model: Model, calibration: Calibration) -> None:
+        self.model, self.calibration = model, calibration
+        self.kind, self.columns, self.hidden_dim = model.kind, model.columns, model.hidden_dim
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        return self.calibration(self.model.predict_proba(X))
+
+    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+        inner = self.model.torch_predictor(device)
+        return lambda x: self.calibration(inner(x))
+
+
 @dataclass
 class Artifact:
     path: Path
@@ -181,20 +246,63 @@ class Artifact:
 
     @property
     def threshold(self) -> float:
+        """The tuned parameter of the artifact's rule (a P(accept) threshold for the token rule)."""
         return float(self.manifest["threshold"])
 
     @property
     def kind(self) -> str:
         return self.manifest["kind"]
 
+    @property
+    def hidden_dim(self) -> int:
+        return self.model.hidden_dim
+
+    @property
+    def columns(self) -> list[int]:
+        return self.model.columns
+
+    @property
+    def rule(self) -> str:
+        return self.manifest.get("rule", "token")
+
+    @property
+    def choice(self) -> dict:
+        """What `disco train` found fastest on validation: {"policy": "classifier" | "threshold", "setting": …}."""
+        return self.manifest.get("choice") or {"policy": "classifier", "setting": self.threshold}
+
+    @property
+    def rule_settings(self) -> dict[str, float]:
+        """Each rule's tuned setting for this model ({rule: setting}), as `disco train` recorded them."""
+        return {k: float(v) for k, v in (self.manifest.get("tuned", {}).get("rules") or {}).items()}
+
+    @property
+    def calibration(self) -> Calibration:
+        c = self.manifest.get("calibration") or {}
+        return Calibration(float(c.get("a", 1.0)), float(c.get("b", 0.0)))
+
+    def cost_model(self):
+        """The cost model the rules were tuned under (simulate.CostModel), None if not recorded."""
+        from disco.simulate import CostModel
+
+        c = self.manifest.get("cost_model")
+        return CostModel(float(c["c_d"]), tuple(float(x) for x in c["c_t"]), str(c.get("source", "artifact"))) if c else None
+
+    def projection(self) -> torch.Tensor | None:
+        """The fixed projection of the draft's hidden state a head was trained on (None: stored as is)."""
+        from disco.features import hidden_projection
+
+        info = self.manifest.get("hidden") or {}
+        return hidden_projection(int(info["dim"]), int(info["projection_seed"])) if info.get("projection_seed") is not None else None
+
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        """(n, len(FEATURES)) or (len(FEATURES),) -> (n,) probability that the target accepts the token."""
-        return self.model.predict_proba(X)
+        """(n, F [+ H]) or (F [+ H],) -> (n,) calibrated probability that the target accepts the token."""
+        return self.calibration(self.model.predict_proba(X))
 
     def torch_predictor(self, device: torch.device | str) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A callable on a (F,) feature tensor returning a 0-dim P(accept): on `device` for
-        logistic/MLP, via the host for LightGBM."""
-        return self.model.torch_predictor(torch.device(device))
+        """A callable on a (F [+ H],) feature tensor returning a 0-dim calibrated P(accept): on `device`
+        for logistic/MLP/head, via the host for LightGBM."""
+        inner = self.model.torch_predictor(torch.device(device))
+        return lambda x: self.calibration(inner(x))
 
 
 def versions() -> dict[str, str]:
@@ -232,6 +340,10 @@ def save_artifact(folder: str | Path, model: Model, manifest: dict, report_md: s
     model_file = folder / MODEL_FILES[model.kind]
     if isinstance(model, LightGBMModel):
         atomic_write_text(model_file, model.to_text())
+    elif model.kind == "head":
+        from safetensors.torch import save
+
+        atomic_write_bytes(model_file, save(model.to_tensors()))
     elif isinstance(model, DenseModel):
         atomic_write_json(model_file, model.to_json())
     else:
@@ -250,6 +362,7 @@ def save_artifact(folder: str | Path, model: Model, manifest: dict, report_md: s
         "features": list(FEATURES),
         "features_hash": features_hash(),
         "columns": [FEATURES[i] for i in model.columns],  # the features the model reads
+        **({"head": {"activation": model.activation, "hidden_dim": model.hidden_dim}} if model.kind == "head" else {}),
         **manifest,
         "versions": versions(),
     })
@@ -311,11 +424,11 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
         float(manifest["threshold"])
     except (KeyError, TypeError, ValueError) as e:
         raise DiscoError(f"{path / MANIFEST} lacks or garbles a required field ({e}): the artifact is damaged") from None
-    if list(features) != list(FEATURES) or manifest.get("features_hash") != features_hash():
-        missing = [f for f in FEATURES if f not in features]
-        extra = [f for f in features if f not in FEATURES]
-        raise DiscoError(f"{path} was trained on another feature list than this disco's (missing {missing}, extra "
-                         f"{extra}, or another order): retrain it with disco train")
+    used = manifest.get("columns", features)
+    unknown = [f for f in used if f not in FEATURES]
+    if unknown or not used:
+        raise DiscoError(f"{path} reads features this disco does not compute ({', '.join(unknown) or 'none listed'}): "
+                         "retrain it with disco train")
     if kind not in MODEL_FILES or model_file.name != MODEL_FILES[kind]:
         raise DiscoError(f"{path}: unknown model kind {kind!r} or model file {model_file.name!r}")
     if not model_file.is_file():
@@ -325,7 +438,13 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
                          "after training; retrain it or restore the original files")
     if expect_pair is not None:
         _check_pair(manifest, expect_pair, path)
-    columns = [FEATURES.index(c) for c in manifest.get("columns", FEATURES) if c in FEATURES]
+    columns = [FEATURES.index(c) for c in used]  # by name: the model's inputs in this disco's FEATURES
+    hidden_dim = int((manifest.get("head") or {}).get("hidden_dim", 0))
+    if hidden_dim and expect_pair is not None and hasattr(expect_pair, "draft_hidden_size"):
+        info = manifest.get("hidden") or {}
+        if int(info.get("dim", -1)) != expect_pair.draft_hidden_size:
+            raise DiscoError(f"{path} reads a draft hidden state of {info.get('dim')} dims, but this pair's draft has "
+                             f"{expect_pair.draft_hidden_size}: train a classifier on this pair's traces")
     try:
         if kind == "lightgbm":
             model: Model = LightGBMModel.from_text(model_file.read_text(), columns)
@@ -336,8 +455,13 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
             import joblib
 
             model = JoblibModel(joblib.load(model_file), columns)
+        elif kind == "head":
+            from safetensors.torch import load
+
+            model = DenseModel.from_tensors(load(model_file.read_bytes()), manifest["head"]["activation"], columns,
+                                            hidden_dim)
         else:
-            model = DenseModel.from_json(json.loads(model_file.read_text()))
+            model = DenseModel.from_json(json.loads(model_file.read_text()), columns)
     except DiscoError:
         raise
     except Exception as e:  # a model file that passed the hash check but does not parse

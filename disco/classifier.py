@@ -1,15 +1,28 @@
-"""DISCO's stopping policy: stop drafting when a trained classifier's P(accept) falls below a threshold.
+"""DISCO's stopping policy: a trained model's P(accept) of each draft token, and a rule on it.
 
 The same object serves the live loop (decode.speculative_generate calls should_stop with a
 DraftStep) and the simulator (simulate._replay calls `features` and `stops` with the trace's
 token features), so both take the decision by one rule on one feature vector:
 
     features = WindowState.step(token_features(step), window_pos)   (features.py, FEATURES order)
-    stop     = P(accept | features) < threshold
+               [+ the draft's hidden state, for a model that reads it]
+    p        = P(accept | features)                                  (calibrated when the artifact says so)
+    stop     = RULES[rule](p, window so far)
 
-The one difference: live, a logistic/MLP model runs in float32 on the draft's device, while the
-simulator batches in float64 on the host, so a decision can differ only when P(accept) lies
-within ~1e-6 of the threshold. LightGBM runs on the host in both.
+Rules (`rule`, with the tuned `threshold` as its parameter):
+  token       stop when p < t                                (DISCO)
+  cumulative  stop when P(at least one rejection in the window) = 1 - prod(p_i) > h   (SpecDec++)
+  cost        renewal-reward rule under the pair's cost model: with S = prod(p_i) the chance the
+              window so far is accepted whole and the next tokens forecast at the current p, keep
+              drafting while some longer window m gains more expected tokens than it costs at rate
+              rho = r / c_t(1):   S * sum_{l=1..m-i} p^l  >  rho * (cost(m) - cost(i)),
+              cost(m) = m * c_d + c_t(m + 1); and before a window, draft at all only when a perfectly
+              accepted window of some length would pay at that rate (else: a target-only step).
+              r = 1 is target-only decoding's rate; the tuned r is the long-run rate to beat.
+
+The one difference between live and simulated decisions: live, a logistic/MLP model runs in float32
+on the draft's device, while the simulator batches in float64 on the host, so a decision can differ
+only when p lies within ~1e-6 of a rule's boundary. LightGBM runs on the host in both.
 """
 
 from __future__ import annotations
@@ -23,68 +36,134 @@ import torch
 
 from disco.errors import DiscoError
 from disco.features import WindowState, token_features
+from disco.policy import PolicyBase, Signals
+
+RULES = ("token", "cumulative", "cost")
+DEFAULT_RULE = "token"
 
 
 class Predictor(Protocol):
     """A trained model over the FEATURES vector (artifact.py: Artifact, LightGBMModel, DenseModel)."""
 
-    def predict_proba(self, X: np.ndarray) -> np.ndarray: ...  # (n, F) -> (n,) P(accept)
+    hidden_dim: int  # > 0: the model also reads the draft's hidden state, appended after FEATURES
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray: ...  # (n, F [+ H]) -> (n,) P(accept)
 
     def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]: ...  # (F,) -> 0-dim
 
 
-class ClassifierPolicy:
+class ClassifierPolicy(PolicyBase):
     name = "classifier"
 
-    def __init__(self, model: Predictor, threshold: float, token_classes: torch.Tensor | None = None) -> None:
-        if not 0.0 <= threshold <= 1.0:
+    def __init__(self, model: Predictor, threshold: float, token_classes: torch.Tensor | None = None,
+                 rule: str = DEFAULT_RULE, cost=None, project: torch.Tensor | None = None) -> None:
+        if rule not in RULES:
+            raise DiscoError(f"unknown classifier rule {rule!r}: choose one of {', '.join(RULES)}")
+        if rule != "cost" and not 0.0 <= threshold <= 1.0:
             raise DiscoError(f"the classifier threshold must be within [0, 1] (got {threshold})")
+        if rule == "cost" and cost is None:
+            raise DiscoError("the cost rule needs the pair's cost model (a disco profile)")
         self.model = model
         self.threshold = threshold
+        self.rule = rule
+        self.cost = cost  # simulate.CostModel, for the cost rule
         self.token_classes = token_classes  # (vocab,) class index per token, on the draft's device (live only)
+        self.project = project  # (hidden, stored) projection of wide hidden states (features.hidden_projection)
+        self.needs_hidden = getattr(model, "hidden_dim", 0) > 0
         self.window = WindowState()
+        self._survive, self._pos = 1.0, 0  # the window so far (cumulative and cost rules)
         self._predict: Callable[[torch.Tensor], torch.Tensor] | None = None  # built on the first live step
 
     @classmethod
-    def for_pair(cls, artifact, pair, threshold: float | None = None, trust_pickle: bool = False) -> ClassifierPolicy:
-        """A policy for `pair` from an artifact (folder or loaded Artifact). The artifact must have
-        been trained on this pair; the token class table is computed here (once: share it
+    def for_pair(cls, artifact, pair, threshold: float | None = None, trust_pickle: bool = False,
+                 rule: str | None = None):
+        """The policy an artifact chose for `pair` (folder or loaded Artifact): this classifier under its
+        tuned rule, or the tuned threshold when `disco train` found that faster. `rule` / `threshold`:
+        run the classifier under another rule (at its tuned setting) / another setting. The artifact
+        must have been trained on this pair; the token class table is computed here (once: share it
         between prompts with `fresh()`)."""
         from disco.artifact import Artifact, load_artifact
 
         if not isinstance(artifact, Artifact):
             artifact = load_artifact(Path(artifact), expect_pair=pair, trust_pickle=trust_pickle)
-        return cls(artifact, artifact.threshold if threshold is None else threshold, pair.token_classes())
+        if artifact.choice["policy"] == "threshold" and threshold is None and rule is None:
+            from disco.policy import ThresholdPolicy
+
+            return ThresholdPolicy(float(artifact.choice["setting"]))
+        rule = rule or artifact.rule
+        if threshold is None:
+            threshold = artifact.threshold if rule == artifact.rule else artifact.rule_settings.get(rule)
+            if threshold is None:
+                raise DiscoError(f"{artifact.path} has no tuned setting for the {rule} rule: give one "
+                                 "(--classifier-threshold) or retrain it with this disco")
+        return cls(artifact, threshold, pair.token_classes(), rule, artifact.cost_model(), artifact.projection())
 
     def fresh(self) -> ClassifierPolicy:
         """A new policy (new window state) sharing the model, threshold, table and predictor."""
-        other = ClassifierPolicy(self.model, self.threshold, self.token_classes)
+        other = ClassifierPolicy(self.model, self.threshold, self.token_classes, self.rule, self.cost, self.project)
         other._predict = self._predict
         return other
 
     # --- the decision rule, shared with the simulator ------------------------------------------
 
-    def features(self, tok_feats: torch.Tensor, window_pos: int) -> torch.Tensor:
-        """The full FEATURES vector of the next draft token; advances the window's running state."""
-        return self.window.step(tok_feats, window_pos)
+    def features(self, tok_feats: torch.Tensor, window_pos: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's input for the next draft token: FEATURES (advancing the window's running state),
+        then the (projected) hidden state when the model reads it."""
+        feats = self.window.step(tok_feats, window_pos)
+        if not self.needs_hidden:
+            return feats
+        if hidden is None:
+            raise DiscoError("this classifier reads the draft's hidden state, which the draft engine did not give")
+        h = hidden.float()
+        if self.project is not None and h.shape[-1] == self.project.shape[0]:
+            h = h @ self.project.to(h.device)
+        return torch.cat([feats, h.to(feats.device)])
 
     def stops(self, p_accept: float) -> bool:
-        return p_accept < self.threshold
+        self._pos += 1
+        self._survive *= p_accept
+        if self.rule == "token":
+            return p_accept < self.threshold
+        if self.rule == "cumulative":
+            return 1.0 - self._survive > self.threshold
+        return not self._longer_pays(p_accept)
+
+    def _rate(self) -> float:
+        return self.threshold / self.cost.c_t[0]  # tokens per unit time to beat
+
+    def _longer_pays(self, forecast: float) -> bool:
+        """Cost rule: does some longer window gain more expected tokens than it costs at the tuned rate?"""
+        c, i, rho = self.cost, self._pos, self._rate()
+        base = i * c.c_d + c.c_t[min(i, len(c.c_t) - 1)]
+        gain, a = 0.0, 1.0
+        for m in range(i + 1, len(c.c_t)):
+            a *= forecast
+            gain += self._survive * a
+            if gain > rho * (m * c.c_d + c.c_t[m] - base):
+                return True
+        return False
 
     # --- StoppingPolicy ------------------------------------------------------------------------
 
+    def drafts(self) -> bool:
+        if self.rule != "cost":
+            return True
+        c, rho = self.cost, self._rate()  # a perfectly accepted window of m tokens gains m over target-only
+        return any(m > rho * (m * c.c_d + c.c_t[m] - c.c_t[0]) for m in range(1, len(c.c_t)))
+
     def start(self) -> None:
         self.window.start()
+        self._survive, self._pos = 1.0, 0
 
     def should_stop(self, step) -> bool:
         if self.token_classes is None:
             raise DiscoError("the live classifier policy needs the pair's token classes: build it with "
                              "ClassifierPolicy.for_pair(artifact, pair)")
         tok = token_features(step.probs, step.token, step.gen_pos, step.context(), self.token_classes)
-        feats = self.features(tok, step.window_pos)
+        feats = self.features(tok, step.window_pos, step.hidden)
         if self._predict is None:
             self._predict = self.model.torch_predictor(feats.device)
         return self.stops(float(self._predict(feats)))  # the one host sync of this draft token
 
-    def update(self, n_drafted: int, n_accepted: int) -> None:
-        self.window.end(n_drafted, n_accepted)
+    def update(self, n_drafted: int, n_accepted: int, signals: Signals | None = None) -> None:
+        self.window.end(n_drafted, n_accepted, signals() if signals is not None else None)

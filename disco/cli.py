@@ -16,7 +16,7 @@ from disco.engines.llamacpp import DEFAULT_VERIFY
 from disco.pair import DEFAULT_DRAFT_QUANT
 from disco.demo import DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK
 from disco.errors import DiscoError
-from disco.policy import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, POLICY_NAMES, PolicySpec
+from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H, PolicySpec
 from disco.profile import DEFAULT_CONTEXT, DEFAULT_REPEATS, DEFAULT_WARMUP
 from disco.simulate import DEFAULT_DRAFT_COST, DEFAULT_VERIFY_SLOPE
 from disco.train import TrainConfig
@@ -63,8 +63,12 @@ def generate(
     k: int = typer.Option(DEFAULT_K, help="constant: window length; heuristic: first window length."),
     threshold: float = typer.Option(DEFAULT_THRESHOLD, help="threshold: stop after a draft token less likely than this."),
     adaptive: bool = typer.Option(False, help="threshold: re-tune it after each window (transformers' ROC rule)."),
+    lam: float = typer.Option(ADAEDL_LAMBDA, "--lambda", help="adaedl: initial lower bound on acceptance (AdaEDL's lambda)."),
+    svip_h: float = typer.Option(SVIP_H, help="svip: stop when sqrt(0.15 * draft entropy) exceeds this."),
     classifier: Optional[str] = typer.Option(None, help="classifier: the trained artifact folder (disco train --out)."),
-    classifier_threshold: Optional[float] = typer.Option(None, help="classifier: override the artifact's tuned threshold."),
+    classifier_threshold: Optional[float] = typer.Option(None, help="classifier: override the tuned setting of its rule."),
+    classifier_rule: Optional[str] = typer.Option(None, help="classifier: run this rule (token, cumulative, cost) "
+                                                  "at its tuned setting instead of the one disco train chose."),
     trust_pickle: bool = typer.Option(False, help="classifier: allow a joblib/pickle artifact (it can run code)."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
     max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),
@@ -93,8 +97,9 @@ def generate(
 
     if (prompt is None) == (prompts is None):
         raise DiscoError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
-    spec = PolicySpec(policy, k=k, threshold=threshold, adaptive=adaptive, classifier=classifier,
-                      classifier_threshold=classifier_threshold, trust_pickle=trust_pickle)
+    spec = PolicySpec(policy, k=k, threshold=threshold, adaptive=adaptive, classifier=classifier, lam=lam, h=svip_h,
+                      classifier_threshold=classifier_threshold, classifier_rule=classifier_rule,
+                      trust_pickle=trust_pickle)
     config = DecodeConfig(max_new_tokens, max_window, temperature, top_p, seed)
     config.validate()
     items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
@@ -128,6 +133,9 @@ def compare(
                                                  "(default: the one tuned beside --classifier by "
                                                  "bench/tune_llama_server.py, if any)."),
     server_n_max: Optional[int] = typer.Option(None, help="llama.cpp: draft-max of that tuned llama-server row."),
+    policies: Optional[str] = typer.Option(None, help="Run only these rows, comma-separated policy names (constant, "
+                                           "heuristic, threshold, adaedl, svip, classifier, oracle) or anchors "
+                                           "(transformers, llama-server); target-only always runs. Default: every row."),
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each file."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
     max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),
@@ -145,19 +153,21 @@ def compare(
 ) -> None:
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
     (transformers' generate(assistant_model=…) on torch; llama-server -md on llama.cpp)."""
-    from disco.compare import default_entries, run_compare
+    from disco.compare import default_entries, run_compare, select_entries
     from disco.pair import load_pair, pair_args
     from disco.prompts import load_prompt_sources
 
     config = DecodeConfig(max_new_tokens=max_new_tokens, max_window=max_window)
     config.validate()
+    select_entries([], policies)  # a mistyped name fails before the models load
     items = load_prompt_sources(prompts, limit)
+    tuned: dict = {}
     if classifier is not None:  # tuned baselines from the artifact unless given
         from disco.compare import tuned_from_artifact
 
-        art_k, art_threshold = tuned_from_artifact(classifier)
-        tuned_k = art_k if tuned_k is None else tuned_k
-        tuned_threshold = art_threshold if tuned_threshold is None else tuned_threshold
+        tuned = tuned_from_artifact(classifier)
+        tuned_k = tuned.get("k") if tuned_k is None else tuned_k
+        tuned_threshold = tuned.get("threshold") if tuned_threshold is None else tuned_threshold
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
     pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant)
@@ -167,7 +177,8 @@ def compare(
 
         server_tuned = tuned_server(classifier) or {}
     entries = default_entries(classifier, tuned_k, tuned_threshold, anchor, pair.engine, server_tuned,
-                              pair.describe()["engine"].get("verify"))
+                              pair.describe()["engine"].get("verify"), tuned)
+    entries = select_entries(entries, policies)
     result = run_compare(pair, items, entries, config, out, chat)
     from disco.compare import format_table
 
@@ -236,12 +247,15 @@ def train(
     balanced: bool = typer.Option(TrainConfig.balanced, help="Reweight accepted/rejected tokens to equal weight."),
     ablate: bool = typer.Option(TrainConfig.ablate, help="Also report DISCO's inputs only and each added feature group removed."),
     cross_task: bool = typer.Option(TrainConfig.cross_task, help="Also train on each task alone and test on every task."),
+    head: bool = typer.Option(TrainConfig.head, help="Also fit an acceptance head on the draft's hidden state "
+                              "(traces collected by this disco hold it)."),
 ) -> None:
-    """Train the stopping classifier; choose its threshold (and tune the baselines) by simulated speedup."""
+    """Train the stopping classifier under each rule (token, cumulative, cost); tune every rule and baseline
+    by simulated speedup on validation prompts, and ship the fastest (or the tuned threshold if it wins)."""
     from disco.train import train as run_train
 
     report = run_train(TrainConfig(traces, out, model, profile, max_window, val_fraction, seed, balanced, ablate,
-                                   cross_task))
+                                   cross_task, head))
     typer.echo(report.markdown())
     _say(f"wrote {out}")
 

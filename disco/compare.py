@@ -51,25 +51,41 @@ class Entry:
 
 def default_entries(classifier: str | None = None, tuned_k: int | None = None,
                     tuned_threshold: float | None = None, include_anchor: bool = True, engine: str = "torch",
-                    server_tuned: dict | None = None, verify: str | None = None) -> list[Entry]:
-    """The standard line-up: every policy, plus tuned baselines and the classifier when known, and the
-    engine's own speculative decoding: transformers' generate(assistant_model=…) on torch; on
-    llama.cpp, llama-server target-only, with -md at llama.cpp's defaults and at `server_tuned`
-    ({n_max, p_min}, tuned on validation prompts: bench/tune_llama_server.py). On llama.cpp in
-    exact verification, the classifier, the tuned threshold and the oracle also run in fast verification."""
+                    server_tuned: dict | None = None, verify: str | None = None, tuned: dict | None = None) -> list[Entry]:
+    """The standard line-up: every policy (AdaEDL and SVIP at their papers' settings), plus tuned
+    baselines and the classifier when known (what `disco train` chose, and each of its rules at its
+    tuned setting), and the engine's own speculative decoding: transformers'
+    generate(assistant_model=…) on torch; on llama.cpp, llama-server target-only, with -md at
+    llama.cpp's defaults and at `server_tuned` ({n_max, p_min}, tuned on validation prompts:
+    bench/tune_llama_server.py). On llama.cpp in exact verification, the classifier, the tuned
+    threshold and the oracle also run in fast verification. tuned: the artifact's "tuned" record
+    (adaedl_lambda, svip_h, rules: {rule: setting})."""
+    from disco.policy import ADAEDL_LAMBDA, SVIP_H
+
+    tuned = tuned or {}
     entries = [
         Entry("constant k=5", PolicySpec("constant", k=5)),
         Entry("heuristic", PolicySpec("heuristic")),
         Entry("threshold 0.4", PolicySpec("threshold", threshold=0.4)),
         Entry("threshold adaptive", PolicySpec("threshold", threshold=0.4, adaptive=True)),
+        Entry(f"adaedl λ0={ADAEDL_LAMBDA:g}", PolicySpec("adaedl", lam=ADAEDL_LAMBDA)),
+        Entry(f"svip h={SVIP_H:g}", PolicySpec("svip", h=SVIP_H)),
         Entry("oracle", PolicySpec("oracle")),
     ]
     if tuned_k is not None and tuned_k != 5:
         entries.insert(1, Entry(f"constant k={tuned_k} (tuned)", PolicySpec("constant", k=tuned_k)))
     if tuned_threshold is not None:
         entries.insert(-1, Entry(f"threshold {tuned_threshold:.2f} (tuned)", PolicySpec("threshold", threshold=tuned_threshold)))
+    if tuned.get("adaedl_lambda") is not None:
+        entries.insert(-1, Entry(f"adaedl λ0={tuned['adaedl_lambda']:g} (tuned)", PolicySpec("adaedl", lam=tuned["adaedl_lambda"])))
+    if tuned.get("svip_h") is not None:
+        entries.insert(-1, Entry(f"svip h={tuned['svip_h']:g} (tuned)", PolicySpec("svip", h=tuned["svip_h"])))
     if classifier is not None:
         entries.insert(-1, Entry("classifier", PolicySpec("classifier", classifier=classifier)))
+        for rule, setting in (tuned.get("rules") or {}).items():
+            entries.insert(-1, Entry(f"classifier {rule} rule {setting:g} (tuned)",
+                                     PolicySpec("classifier", classifier=classifier, classifier_rule=rule,
+                                                classifier_threshold=setting)))
     if engine == "llama.cpp" and verify == "exact":  # the tuned rules and the bound, verifying in batches
         entries += [Entry(e.label + FAST_SUFFIX, e.spec, verify="fast") for e in entries
                     if e.label in ("classifier", "oracle") or e.label.endswith("(tuned)") and e.spec.name == "threshold"]
@@ -88,16 +104,32 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
     return entries
 
 
-def tuned_from_artifact(path: str | Path) -> tuple[int | None, float | None]:
-    """The baselines `disco train` tuned on the same validation prompts as the classifier
-    (best constant k, best threshold), read from the artifact's manifest (JSON only)."""
+def tuned_from_artifact(path: str | Path) -> dict:
+    """The settings `disco train` tuned on the same validation prompts as the classifier (k, threshold,
+    adaedl_lambda, svip_h, rules: {rule: setting}), read from the artifact's manifest (JSON only)."""
     import json
 
     manifest = Path(path) / "manifest.json"
     if not manifest.is_file():
         raise DiscoError(f"no classifier artifact at {path} (manifest.json missing): train one with `disco train`")
-    tuned = json.loads(manifest.read_text()).get("tuned", {})
-    return tuned.get("k"), tuned.get("threshold")
+    return json.loads(manifest.read_text()).get("tuned", {})
+
+
+def select_entries(entries: list[Entry], names: str | None) -> list[Entry]:
+    """The entries whose policy name (constant, threshold, adaedl, classifier, …) or label prefix
+    (transformers, llama-server) is in the comma-separated `names`; all when None. Target-only
+    always runs: it is every speedup's denominator."""
+    from disco.policy import POLICY_NAMES
+
+    if not names:
+        return entries
+    wanted = {n.strip() for n in names.split(",") if n.strip()}
+    known = [*POLICY_NAMES, HF_LABEL, "llama-server"]
+    unknown = sorted(wanted - set(known))
+    if unknown or not wanted:
+        raise DiscoError(f"--policies: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(known)}")
+    name = lambda e: e.spec.name if e.spec is not None else e.label.split(" ")[0]  # noqa: E731
+    return [e for e in entries if name(e) in wanted]
 
 
 def tuned_server(path: str | Path) -> dict | None:

@@ -20,6 +20,7 @@ import torch
 
 from disco.engines.base import Engine, as_engine, check_compatible
 from disco.errors import DiscoError
+from disco.features import target_signals
 from disco.policy import DEFAULT_MAX_WINDOW, DraftStep, PolicySpec, StoppingPolicy
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -139,12 +140,15 @@ def speculative_generate(
     policy: StoppingPolicy | None,
     config: DecodeConfig,
     eos_token_ids: set[int] = frozenset(),
+    target_rows: list[torch.Tensor] | None = None,
 ) -> GenResult:
     """Generate from `target`, drafting with `draft` under `policy`.
 
     Greedy (temperature 0): the output equals the target's own greedy decoding token for token.
     Sampling: Leviathan et al.'s rejection sampling keeps the target's distribution.
     max_window = 0 (or no draft) is plain target-only decoding through the same code.
+    target_rows: a list to append the target's logits at every generated position to ((n, vocab)
+    per round: what the collector needs, with no second target pass).
     """
     config.validate()
     if not prompt_ids:
@@ -163,7 +167,8 @@ def speculative_generate(
     if max_window > 0:
         check_compatible(target, draft)
     t_state = target.session(ids)
-    d_state = draft.session(ids) if max_window > 0 else None
+    want_hidden = max_window > 0 and policy.needs_hidden
+    d_state = draft.session(ids, hidden=want_hidden) if max_window > 0 else None
     for state in (t_state, d_state):
         if state is not None:
             state.prefill()  # everything but the pending (last) token
@@ -177,7 +182,7 @@ def speculative_generate(
         k_max = min(max_window, config.max_new_tokens - len(out) - 1)  # verification adds one token
         drafted: list[torch.Tensor] = []
         q_rows: list[torch.Tensor] = []
-        if k_max > 0:
+        if k_max > 0 and policy.drafts():
             policy.start()
             feed = d_state.unseen(ids)
             for pos in range(1, k_max + 1):
@@ -185,7 +190,8 @@ def speculative_generate(
                 stats.draft_forwards += 1
                 q = warp(logits, config.temperature, config.top_p)
                 tok = _pick(q, greedy, gen)
-                step = DraftStep(logits, q, tok, pos, len(out) + pos - 1, ids, drafted[:])
+                hidden = d_state.hidden()[-1] if want_hidden else None
+                step = DraftStep(logits, q, tok, pos, len(out) + pos - 1, ids, drafted[:], hidden)
                 drafted.append(tok)
                 q_rows.append(q)
                 if policy.should_stop(step) or pos == k_max:
@@ -216,6 +222,8 @@ def speculative_generate(
                 break
         new_list = new_list[: config.max_new_tokens - len(out)]
         out.extend(new_list)
+        if target_rows is not None:
+            target_rows.append(t_logits[: len(new_list)])
         ids = torch.cat([ids, new[: len(new_list)]])
         t_state.truncate(len(ids) - 1)
         if d_state is not None:
@@ -223,7 +231,10 @@ def speculative_generate(
 
         # 5. Record.
         if k > 0:
-            policy.update(k, n)
+            # what the target said at its own token (the policy computes it only if it reads it)
+            signals = lambda: target_signals(warp(t_logits[n], config.temperature, config.top_p), next_tok,  # noqa: E731
+                                             q_rows[n] if n < k else None)
+            policy.update(k, n, signals)
             stats.record_window(k, n)
         if new_list and new_list[-1] in eos_token_ids:
             break
@@ -260,11 +271,12 @@ def _rejection_sample(
 
 
 def target_generate(
-    target: Engine | torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_token_ids: set[int] = frozenset()
+    target: Engine | torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_token_ids: set[int] = frozenset(),
+    target_rows: list[torch.Tensor] | None = None,
 ) -> GenResult:
     """Plain target-only decoding, through the same loop (the baseline every speedup is measured against)."""
     cfg = DecodeConfig(**{**config.__dict__, "max_window": 0})
-    return speculative_generate(target, None, prompt_ids, None, cfg, eos_token_ids)
+    return speculative_generate(target, None, prompt_ids, None, cfg, eos_token_ids, target_rows)
 
 
 def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeConfig, chat: bool | None = None,
@@ -287,5 +299,5 @@ def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeCon
             raise DiscoError("the oracle policy is defined for greedy decoding only: use --temperature 0")
         if target_tokens is None:
             target_tokens = target_generate(pair.target, ids, config, pair.eos_token_ids).tokens
-    policy = spec.build(target_tokens, pair)
+    policy = spec.build(target_tokens, pair, config.max_window)
     return speculative_generate(pair.target, pair.draft, ids, policy, config, pair.eos_token_ids)

@@ -37,11 +37,11 @@ def run_demo(out: Path, full: bool = False, per_task: int = DEMO_PER_TASK,
         classifier = SHIPPED_CLASSIFIERS[pair.engine]
         if not (classifier / "manifest.json").exists():
             raise DiscoError(f"no shipped classifier at {classifier}: run `disco demo --full` to train one")
-    tuned_k, tuned_threshold = tuned_from_artifact(classifier)
+    tuned = tuned_from_artifact(classifier)
     prompts = [p for task in TASKS for p in load_prompts(DATA_DIR / f"{task}-test.jsonl", per_task)]
     info = pair.describe()["engine"]
-    entries = default_entries(str(classifier), tuned_k, tuned_threshold, engine=pair.engine,
-                              server_tuned=tuned_server(classifier), verify=info.get("verify"))
+    entries = default_entries(str(classifier), tuned.get("k"), tuned.get("threshold"), engine=pair.engine,
+                              server_tuned=tuned_server(classifier), verify=info.get("verify"), tuned=tuned)
     result = run_compare(pair, prompts, entries, config, out / "compare")
     print(format_table(result["summary"]))
     exact = [label for label, s in result["summary"].items() if s["lossless"]]

@@ -6,11 +6,20 @@ Two groups, concatenated in the order of FEATURES:
   and the text before it. They do not depend on how drafting was split into windows, so a
   trace computes them once per position (teacher-forced) and any policy can reuse them.
 * window features: position in the window, running product of the chosen tokens'
-  probabilities in the window, the previous window's accepted length. They depend on the
-  window structure, so the collector computes them for the oracle's windows and the
-  simulator recomputes them for each policy's windows with `window_features`.
+  probabilities in the window, the previous window's accepted length, and what the target said
+  at the end of the previous window (the target-side signals: was the window cut by a
+  rejection, the target's probability and entropy at the token it chose there, and how far the
+  draft's probability of that token fell short of the target's). They depend on the window
+  structure, so the collector computes them for the oracle's windows and the simulator
+  recomputes them for each policy's windows with `WindowState`.
 
-Only what the draft knows at decision time is a feature; nothing comes from the target.
+Only what the loop knows at decision time is a feature: the draft's distribution now, and the
+target's distributions at positions it has already verified (never the target's verdict on a
+token still in the window).
+
+Besides FEATURES, a model may read the draft's last hidden state at the drafted position
+(`hidden_projection` keeps wide ones small); traces store it, the live loop asks the draft
+engine for it only when the policy needs it.
 """
 
 from __future__ import annotations
@@ -33,10 +42,18 @@ TOKEN_FEATURES: tuple[str, ...] = (
     *(f"copy_{n}" for n in range(1, NGRAM_MAX + 1)),  # the token completes an n-gram seen earlier
     *(f"class_{c}" for c in TOKEN_CLASSES),  # one-hot class of the drafted token's text
 )
+# What the target said at the end of the previous window (known before the next one starts).
+TARGET_SIGNALS: tuple[str, ...] = (
+    "last_rejected",  # 1: the previous window ended at a rejected token (0: by the policy or its cap)
+    "last_target_p",  # the target's probability of the token it chose at the end of the previous window
+    "last_target_entropy",  # the target's entropy there (nats)
+    "last_gap",  # target_p - draft_p of that token where the draft proposed another; 0 otherwise
+)
 WINDOW_FEATURES: tuple[str, ...] = (
     "window_pos",  # DISCO: 1-based position of the token in the current window
     "window_prob_prod",  # product of p_chosen over the window so far (this token included)
     "prev_accepted",  # accepted length of the previous window (0 before the first)
+    *TARGET_SIGNALS,
 )
 FEATURES: tuple[str, ...] = TOKEN_FEATURES + WINDOW_FEATURES
 # DISCO's original inputs, for the ablation baseline.
@@ -116,11 +133,40 @@ def token_features(
     ])
 
 
-def window_features(window_pos: int, window_prob_prod: torch.Tensor | float, prev_accepted: int) -> torch.Tensor:
+@dataclass(frozen=True)
+class TargetSignals:
+    """What the target said at the token it chose at the end of a verified window (TARGET_SIGNALS)."""
+
+    rejected: bool = False  # that token replaced a rejected draft token
+    target_p: float = 1.0  # the target's probability of it (its top-1 under greedy decoding)
+    target_entropy: float = 0.0  # the target's entropy at that position (nats)
+    gap: float = 0.0  # target_p minus the draft's probability of it, where the draft proposed another
+
+    def values(self) -> tuple[float, float, float, float]:
+        return float(self.rejected), self.target_p, self.target_entropy, self.gap
+
+
+NO_SIGNALS = TargetSignals()  # before the first window: nothing verified yet
+
+
+def target_signals(target_probs: torch.Tensor, token: torch.Tensor | int,
+                   draft_probs: torch.Tensor | None) -> TargetSignals:
+    """TargetSignals from the target's distribution at the position of its token, and the draft's
+    distribution there when the draft had proposed another token (a rejection); None: a bonus token."""
+    p = target_probs.float()
+    tp = float(p[token])
+    entropy = float(-(p * p.clamp_min(1e-30).log()).sum())
+    if draft_probs is None:
+        return TargetSignals(False, tp, entropy, 0.0)
+    return TargetSignals(True, tp, entropy, tp - float(draft_probs[token]))
+
+
+def window_features(window_pos: int, window_prob_prod: torch.Tensor | float, prev_accepted: int,
+                    signals: TargetSignals = NO_SIGNALS) -> torch.Tensor:
     device = window_prob_prod.device if isinstance(window_prob_prod, torch.Tensor) else None
     prod = torch.as_tensor(window_prob_prod, dtype=torch.float32, device=device).reshape(1)
-    return torch.cat([torch.tensor([float(window_pos)], device=prod.device), prod,
-                      torch.tensor([float(prev_accepted)], device=prod.device)])
+    rest = torch.tensor([float(prev_accepted), *signals.values()], dtype=torch.float32, device=prod.device)
+    return torch.cat([torch.tensor([float(window_pos)], device=prod.device), prod, rest])
 
 
 @dataclass
@@ -130,6 +176,7 @@ class WindowState:
 
     prev_accepted: int = 0
     window_prod: torch.Tensor | float = 1.0
+    signals: TargetSignals = NO_SIGNALS
 
     def start(self) -> None:
         self.window_prod = 1.0
@@ -137,8 +184,34 @@ class WindowState:
     def step(self, tok_feats: torch.Tensor, window_pos: int) -> torch.Tensor:
         """Full FEATURES vector for the next token of the window; advances the running product."""
         self.window_prod = tok_feats[_P_CHOSEN] * self.window_prod
-        return torch.cat([tok_feats, window_features(window_pos, self.window_prod, self.prev_accepted)])
+        return torch.cat([tok_feats, window_features(window_pos, self.window_prod, self.prev_accepted, self.signals)])
 
-    def end(self, n_drafted: int, n_accepted: int) -> None:
+    def end(self, n_drafted: int, n_accepted: int, signals: TargetSignals | None = None) -> None:
         if n_drafted > 0:
             self.prev_accepted = n_accepted
+            if signals is not None:
+                self.signals = signals
+
+
+# --- the draft's hidden state -------------------------------------------------------------------
+
+HIDDEN_MAX_DIM = 1024  # wider drafts store a fixed random projection of their hidden state ...
+HIDDEN_PROJECTED_DIM = 256  # ... to this many dimensions (traces stay ~0.5 KB per position)
+HIDDEN_SEED = 0
+
+
+def hidden_projection(dim: int, seed: int = HIDDEN_SEED) -> torch.Tensor | None:
+    """(dim, HIDDEN_PROJECTED_DIM) seeded Gaussian projection for drafts wider than HIDDEN_MAX_DIM,
+    None (stored as is) for narrower ones. The same seed gives the same matrix in the collector
+    and the live policy, so the trace manifest and the artifact record only (dim, seed)."""
+    if dim <= HIDDEN_MAX_DIM:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(dim, HIDDEN_PROJECTED_DIM, generator=g) / HIDDEN_PROJECTED_DIM ** 0.5
+
+
+def hidden_info(dim: int, seed: int = HIDDEN_SEED) -> dict:
+    """What a trace manifest and an artifact record of the hidden state they hold."""
+    proj = dim > HIDDEN_MAX_DIM
+    return {"dim": dim, "stored_dim": HIDDEN_PROJECTED_DIM if proj else dim, "projection_seed": seed if proj else None,
+            "dtype": "float16"}

@@ -66,6 +66,11 @@ class Pair:
         return as_engine(self.draft).vocab_size or len(self.tokenizer)
 
     @property
+    def draft_hidden_size(self) -> int:
+        """Width of the draft's last hidden state (a policy's `needs_hidden` input)."""
+        return as_engine(self.draft).hidden_size
+
+    @property
     def engine(self) -> str:
         return as_engine(self.target).name
 

@@ -12,10 +12,12 @@ round by round:
     commit accepted + 1 tokens                                  (y's last position: EOS / budget)
 
 and drives the *real* policy objects (policy.py, classifier.py): constant, heuristic,
-threshold and oracle see a `TraceStep` carrying what they read from a DraftStep; the
+threshold, AdaEDL, SVIP and oracle see a `TraceStep` carrying what they read from a DraftStep; the
 classifier gets its full feature vector from its own `WindowState`, so the window features
-(window_pos, window_prob_prod, prev_accepted) are those of the simulated policy's windows,
-not the oracle's windows stored in the trace.
+(window_pos, window_prob_prod, prev_accepted, the target-side signals) are those of the simulated
+policy's windows, not the oracle's windows stored in the trace. A policy's `drafts()` is asked
+before each round, and `update` gets the target-side signals of the position where the round's
+own target token lands (trace.signals_at), as the live loop computes them.
 
 Approximations (the only places a simulated run can differ from a real greedy run):
 
@@ -48,8 +50,9 @@ from disco.classifier import ClassifierPolicy
 from disco.decode import GenStats
 from disco.errors import DiscoError
 from disco.features import TOKEN_FEATURES
-from disco.policy import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, StoppingPolicy, make_policy
-from disco.trace import MANIFEST
+from disco.policy import (ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H, StoppingPolicy,
+                          make_policy)
+from disco.trace import HIDDEN_COLUMN, MANIFEST, signals_at
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,6 +67,10 @@ DEFAULT_VERIFY_SLOPE = 0.02
 # Columns the simulator reads (the trainer needs more: FEATURES and oracle_drafted).
 SIM_COLUMNS = ("prompt_id", "gen_pos", "label", "draft_token", "target_token", *TOKEN_FEATURES)
 _P_CHOSEN = TOKEN_FEATURES.index("p_chosen")
+_ENTROPY = TOKEN_FEATURES.index("entropy")
+# The target-side signal columns (disco-trace/2); older traces lack them and get neutral values, so
+# only models that do not read the signals can be trained on them (train.py checks).
+SIGNAL_COLUMNS = ("target_top1", "target_entropy", "draft_prob_target")
 
 
 # --- cost model --------------------------------------------------------------------------------
@@ -135,9 +142,17 @@ class PromptTrace:
     target_tokens: list[int]  # y, the target's greedy continuation (ends with EOS if it stopped early)
     token_feats: torch.Tensor  # (L, len(TOKEN_FEATURES)) float32, as features.token_features computes them
     max_new_tokens: int  # the generation budget; more than L when y ended at EOS
+    signal_cols: np.ndarray | None = None  # (L, 3) SIGNAL_COLUMNS; None: neutral signals (old traces)
+    hidden: torch.Tensor | None = None  # (L, H) float32 draft hidden states; None when the trace has none
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def signals(self, j: int, rejected: bool):
+        """What the target said at position j, where a window's own target token landed."""
+        if self.signal_cols is None:
+            return None
+        return signals_at(*self.signal_cols[j], rejected)
 
 
 @dataclass
@@ -156,6 +171,17 @@ class TraceSource:
             if isinstance(where, dict) and isinstance(where.get("max_new_tokens"), int):
                 return where["max_new_tokens"]
         return None
+
+
+def _read_shard(file: Path, folder: Path) -> pd.DataFrame:
+    import pandas as pd
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(file)
+    except (pa.ArrowException, OSError) as e:
+        raise DiscoError(f"{file} is damaged or truncated ({str(e).splitlines()[0]}): rerun the disco collect "
+                         f"command that wrote {folder}; it sets the shard aside and traces its prompts again") from None
 
 
 def read_traces(paths: Iterable[str | Path]) -> list[TraceSource]:
@@ -179,7 +205,7 @@ def read_traces(paths: Iterable[str | Path]) -> list[TraceSource]:
                 meta = json.loads(manifest.read_text())
             except ValueError as e:
                 raise DiscoError(f"{manifest} is not valid JSON: {e}") from None
-        rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+        rows = pd.concat([_read_shard(f, path) for f in files], ignore_index=True)
         sources.append(TraceSource(path, rows, meta))
     if not sources:
         raise DiscoError("no traces given: pass --traces FOLDER (written by disco collect)")
@@ -195,12 +221,13 @@ def check_columns(df: pd.DataFrame, needed: Sequence[str], what: str = "the simu
         raise DiscoError(f"the traces lack columns {what} needs: {shown}; recollect them with this disco version")
 
 
-def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None) -> list[PromptTrace]:
+def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None, with_hidden: bool = True) -> list[PromptTrace]:
     """Split trace rows into per-prompt traces (in order of first appearance).
 
     max_new_tokens: the budget the traces were collected with (from their manifest). None:
     each prompt's length, i.e. y was cut by the budget, not by EOS. A smaller budget than a
-    prompt's length simulates a shorter generation (y's prefix is still the greedy output)."""
+    prompt's length simulates a shorter generation (y's prefix is still the greedy output).
+    with_hidden: also decode the draft's hidden states (for a model that reads them)."""
     check_columns(df, SIM_COLUMNS)
     traces = []
     for pid, rows in df.groupby("prompt_id", sort=False):
@@ -213,6 +240,11 @@ def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None) -> list[P
             )
         budget = max_new_tokens if max_new_tokens is not None else len(rows)
         n = min(len(rows), budget)
+        has_signals = all(c in rows.columns for c in SIGNAL_COLUMNS)
+        hidden = None
+        if with_hidden and HIDDEN_COLUMN in rows.columns:
+            blob = b"".join(rows[HIDDEN_COLUMN].to_numpy()[:n])
+            hidden = torch.from_numpy(np.frombuffer(blob, np.float16).reshape(n, -1).astype(np.float32))
         traces.append(PromptTrace(
             prompt_id=str(pid),
             labels=rows["label"].to_numpy()[:n].astype(bool),
@@ -220,6 +252,8 @@ def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None) -> list[P
             target_tokens=rows["target_token"].to_numpy()[:n].astype(int).tolist(),
             token_feats=torch.tensor(rows[list(TOKEN_FEATURES)].to_numpy()[:n], dtype=torch.float32),
             max_new_tokens=budget,
+            signal_cols=rows[list(SIGNAL_COLUMNS)].to_numpy(np.float64)[:n] if has_signals else None,
+            hidden=hidden,
         ))
     return traces
 
@@ -236,20 +270,27 @@ class TraceStep:
     window_pos: int  # 1-based index in the simulated window
     gen_pos: int  # index in the continuation
     probs: dict[int, float]  # {token: p_chosen}: the only entry of the draft distribution a threshold reads
+    entropy_nats: float  # the draft distribution's entropy (what AdaEDL and SVIP read)
+
+    def entropy(self) -> float:
+        return self.entropy_nats
 
 
 PolicyFactory = Callable[[PromptTrace], StoppingPolicy]  # a fresh policy per prompt, as generate() builds
 
 
 def replay_policy(name: str, *, k: int = DEFAULT_K, threshold: float = DEFAULT_THRESHOLD,
-                  adaptive: bool = False, model=None) -> PolicyFactory:
+                  adaptive: bool = False, model=None, rule: str = "token", cost: CostModel | None = None,
+                  lam: float = ADAEDL_LAMBDA, lam_adaptive: bool = True, h: float = SVIP_H,
+                  max_window: int = DEFAULT_MAX_WINDOW) -> PolicyFactory:
     """A factory of the real policy `name` for each prompt (the oracle gets the trace's y).
-    classifier: `model` is a Predictor (artifact.py), `threshold` its decision threshold."""
+    classifier: `model` is a Predictor (artifact.py), `threshold` its rule's parameter."""
     if name == "classifier":
         if model is None:
             raise DiscoError("simulating the classifier policy needs a trained model")
-        return lambda tr: ClassifierPolicy(model, threshold)
-    return lambda tr: make_policy(name, k=k, threshold=threshold, adaptive=adaptive, target_tokens=tr.target_tokens)
+        return lambda tr: ClassifierPolicy(model, threshold, rule=rule, cost=cost)
+    return lambda tr: make_policy(name, k=k, threshold=threshold, adaptive=adaptive, target_tokens=tr.target_tokens,
+                                  lam=lam, lam_adaptive=lam_adaptive, h=h, max_window=max_window)
 
 
 # A replay yields a classifier's full feature vector whenever it needs P(accept), and gets the
@@ -265,7 +306,7 @@ def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
         # 1. Draft: up to k_max tokens, the policy deciding after each one.
         k_max = min(max_window, tr.max_new_tokens - out - 1)  # verification adds one token
         k, mismatch = 0, False
-        if k_max > 0:
+        if k_max > 0 and policy.drafts():
             policy.start()
             for pos in range(1, k_max + 1):
                 j = out + pos - 1
@@ -276,10 +317,11 @@ def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
                 mismatch = mismatch or not tr.labels[j]
                 k = pos
                 if isinstance(policy, ClassifierPolicy):
-                    stop = policy.stops((yield policy.features(tr.token_feats[j], pos)))
+                    hidden = tr.hidden[j] if tr.hidden is not None else None
+                    stop = policy.stops((yield policy.features(tr.token_feats[j], pos, hidden)))
                 else:
-                    p = float(tr.token_feats[j, _P_CHOSEN])
-                    stop = policy.should_stop(TraceStep(tr.draft_tokens[j], pos, j, {tr.draft_tokens[j]: p}))
+                    p, ent = float(tr.token_feats[j, _P_CHOSEN]), float(tr.token_feats[j, _ENTROPY])
+                    stop = policy.should_stop(TraceStep(tr.draft_tokens[j], pos, j, {tr.draft_tokens[j]: p}, ent))
                 if stop or pos == k_max:
                     break
         # 2-3. Verify and accept: the leading agreeing run, then the target's own token.
@@ -289,7 +331,8 @@ def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
         out += min(n + 1, L - out)
         # 5. Record.
         if k > 0:
-            policy.update(k, n)
+            end = out - 1  # where the round's own target token landed
+            policy.update(k, n, lambda: tr.signals(end, n < k))
             stats.record_window(k, n)
     stats.new_tokens = out
     return stats, approx

@@ -9,7 +9,7 @@ accepted whole), and the window columns describe the oracle's windows.
 
 from __future__ import annotations
 
-from disco.features import FEATURES
+from disco.features import FEATURES, TargetSignals
 
 ID_COLUMNS = (
     "prompt_id",  # str: the prompt's id
@@ -26,8 +26,18 @@ LABEL_COLUMNS = (
     "target_prob",  # float: the target's probability of draft_token
     "accept_prob",  # float: min(1, target_prob / draft_prob), Leviathan's acceptance probability
     "overlap",  # float: 1 - TV(target, draft) = sum_x min(p(x), q(x)), acceptance rate when sampling
-    "target_top1",  # float: the target's top-1 probability (analysis only: never a feature)
+    "target_top1",  # float: the target's top-1 probability (its probability of target_token under greedy)
+    "target_entropy",  # float: the target's entropy here (nats); with the next two, the target-side signals
+    "draft_prob_target",  # float: the draft's probability of target_token
 )
+HIDDEN_COLUMN = "draft_hidden"  # bytes: the draft's last hidden state here, float16 (manifest "hidden")
 # gen_pos is both an id column and a feature: listed once.
-COLUMNS = ID_COLUMNS + tuple(f for f in FEATURES if f not in ID_COLUMNS) + LABEL_COLUMNS
+COLUMNS = ID_COLUMNS + tuple(f for f in FEATURES if f not in ID_COLUMNS) + LABEL_COLUMNS + (HIDDEN_COLUMN,)
 MANIFEST = "manifest.json"
+
+
+def signals_at(target_top1: float, target_entropy: float, draft_prob_target: float, rejected: bool) -> TargetSignals:
+    """The TargetSignals a window ending at a trace position hands to the next one: the live loop's
+    features.target_signals for greedy decoding, where the target's token is its top-1."""
+    return TargetSignals(rejected, float(target_top1), float(target_entropy),
+                         float(target_top1) - float(draft_prob_target) if rejected else 0.0)

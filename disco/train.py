@@ -1,9 +1,13 @@
-"""`disco train`: fit the stopping classifier on oracle traces and choose its threshold for speed.
+"""`disco train`: fit the stopping classifier on oracle traces and choose its rule for speed.
 
-    traces ──► split by prompt (train / validation) ──► fit on train rows (FEATURES only)
-           ──► metrics on validation rows ──► threshold = argmax of simulated speedup on the
-               validation prompts (cost model: a `disco profile` JSON or the default)
-           ──► baselines tuned the same way on the same prompts ──► artifact + report
+    traces ──► split by prompt (train / validation) ──► fit on train rows: the model on FEATURES,
+               and (traces with hidden states) an acceptance head on the draft's hidden state + FEATURES
+           ──► metrics on validation rows ──► Platt calibration on validation rows
+           ──► every model under every rule (classifier.RULES), its parameter tuned by simulated
+               speedup on the validation prompts (cost model: a `disco profile` JSON or the default)
+           ──► baselines tuned the same way on the same prompts (threshold, constant, AdaEDL, SVIP)
+           ──► the choice: the fastest learned (model, rule), or the tuned threshold if that is
+               faster; recorded with its margin ──► artifact + report
 
 Rows: the trainer fits on rows with oracle_drafted True. Those are the draft steps of the
 oracle's windows, i.e. exactly the decisions "is this token accepted, given every earlier
@@ -31,13 +35,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from disco.artifact import DenseModel, LightGBMModel, Model, save_artifact
+from disco.artifact import Calibrated, Calibration, DenseModel, LightGBMModel, Model, save_artifact
+from disco.classifier import RULES
 from disco.engines.base import numeric_identity
 from disco.errors import DiscoError
-from disco.features import DISCO_FEATURES, FEATURES
-from disco.policy import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD
-from disco.simulate import (CostModel, PromptTrace, SimResult, check_columns, prompt_traces, read_traces,
-                            replay_policy, simulate_many)
+from disco.features import DISCO_FEATURES, FEATURES, TARGET_SIGNALS
+from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H
+from disco.simulate import (SIGNAL_COLUMNS, CostModel, PromptTrace, SimResult, check_columns, prompt_traces,
+                            read_traces, replay_policy, simulate_many)
+from disco.trace import HIDDEN_COLUMN
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,7 +56,16 @@ DEFAULT_VAL_FRACTION = 0.2
 # the embedded pair can lie above 0.95).
 THRESHOLD_GRID: tuple[float, ...] = tuple(sorted({round(0.05 * i, 2) for i in range(1, 20)}
                                                  | {0.01, 0.02, 0.03, 0.97, 0.98, 0.99, DEFAULT_THRESHOLD}))
-TRAIN_COLUMNS = ("prompt_id", "oracle_drafted", "label", *FEATURES)
+# Each rule's parameter grid: P(at least one rejection) for the cumulative rule; the rate to beat, in
+# units of target-only decoding's, for the cost rule; lambda and h for AdaEDL and SVIP.
+RULE_GRIDS: dict[str, tuple[float, ...]] = {
+    "token": THRESHOLD_GRID,
+    "cumulative": tuple(round(0.05 * i, 2) for i in range(1, 20)) + (0.97, 0.99),
+    "cost": tuple(round(1.0 + 0.1 * i, 1) for i in range(21)),
+}
+ADAEDL_GRID = tuple(round(0.05 * i, 2) for i in range(4, 20))
+SVIP_GRID = tuple(round(0.05 * i, 2) for i in range(1, 17))
+TRAIN_COLUMNS = ("prompt_id", "oracle_drafted", "label", *(f for f in FEATURES if f not in TARGET_SIGNALS))
 ALL_TASKS = "all tasks"
 
 
@@ -66,6 +81,7 @@ class TrainConfig:
     balanced: bool = False  # reweight classes to equal total weight (see the module docstring)
     ablate: bool = False  # also train on feature subsets and report their tuned speedups
     cross_task: bool = False  # also train on each task alone and test on every task
+    head: bool = True  # also fit an acceptance head on the draft's hidden state (traces that hold it)
     progress: bool = True  # progress bars on stderr
 
 
@@ -78,6 +94,13 @@ class TraceData:
     budgets: list[int | None]  # max_new_tokens of each source (None: unknown, y cut by the budget)
     manifests: list[dict]  # the sources' manifests, with their paths
     pair: dict  # target, draft, tokenizer_hash of the pair the traces come from
+    features: list[int]  # indices of the FEATURES the traces hold (older traces lack the target signals)
+    hidden: dict | None = None  # the traces' hidden-state record (features.hidden_info); None: no hidden states
+
+    def hidden_matrix(self, mask: np.ndarray) -> np.ndarray:
+        """(rows in mask, stored_dim) float32 draft hidden states."""
+        blob = b"".join(self.rows.loc[mask, HIDDEN_COLUMN].to_numpy())
+        return np.frombuffer(blob, np.float16).reshape(int(mask.sum()), -1).astype(np.float32)
 
 
 def _pair_of(manifest: dict) -> dict:
@@ -95,20 +118,30 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
     if not paths:
         raise DiscoError("no traces given: pass --traces FOLDER (written by disco collect)")
     sources = read_traces(paths)
-    manifests, pairs = [], []
+    manifests, pairs, hidden = [], [], []
     for src in sources:
         if src.manifest is None:
             raise DiscoError(f"{src.path} has no manifest.json beside its Parquet shards: the pair the traces "
                              "come from is unknown (recollect them with disco collect)")
-        if "features" in src.manifest and list(src.manifest["features"]) != list(FEATURES):
-            raise DiscoError(f"{src.path} was collected with another feature list than this disco's: recollect it")
         check_columns(src.rows, TRAIN_COLUMNS, "training")
         manifests.append({"path": str(src.path), **src.manifest})
         pairs.append(_pair_of(src.manifest))
+        hidden.append(src.manifest.get("hidden") if HIDDEN_COLUMN in src.rows.columns else None)
     if any(p != pairs[0] for p in pairs):
         raise DiscoError(f"the traces come from different pairs ({', '.join(map(str, pairs))}): train one "
                          "classifier per pair")
+    # Older traces (disco-trace/1) lack the target-side signals: train on the features all sources have.
+    signals = all(all(c in src.rows.columns for c in (*TARGET_SIGNALS, *SIGNAL_COLUMNS)) for src in sources)
+    features = [i for i, f in enumerate(FEATURES) if signals or f not in TARGET_SIGNALS]
     rows = pd.concat([src.rows.assign(_source=i) for i, src in enumerate(sources)], ignore_index=True)
+    for f in FEATURES:
+        if f not in rows.columns:
+            rows[f] = 0.0  # never read: no model is given this column
+    if not signals:
+        rows = rows.drop(columns=[c for c in SIGNAL_COLUMNS if c in rows.columns])
+    if any(h != hidden[0] for h in hidden) or hidden[0] is None:
+        hidden = [None]  # hidden states only when every source holds the same kind
+        rows = rows.drop(columns=[HIDDEN_COLUMN], errors="ignore")
     rows["prompt_id"] = rows["prompt_id"].astype(str)
     labels = rows.loc[rows["oracle_drafted"].astype(bool), "label"]
     if labels.nunique() < 2:
@@ -117,7 +150,7 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
                          "rejected tokens (collect more or more varied prompts)")
     if rows["prompt_id"].nunique() < 2:
         raise DiscoError("the traces hold a single prompt: training needs at least two (split by prompt)")
-    return TraceData(rows, [src.max_new_tokens for src in sources], manifests, pairs[0])
+    return TraceData(rows, [src.max_new_tokens for src in sources], manifests, pairs[0], features, hidden[0])
 
 
 def split_by_prompt(prompt_ids: Sequence[str], val_fraction: float, seed: int,
@@ -144,7 +177,7 @@ def traces_for(data: TraceData, mask: np.ndarray) -> list[PromptTrace]:
     """The simulator's per-prompt traces of the rows in `mask`, each with its source's budget."""
     sub = data.rows[mask]
     return [tr for i, budget in enumerate(data.budgets)
-            for tr in prompt_traces(sub[sub["_source"] == i], budget) if len(tr)]
+            for tr in prompt_traces(sub[sub["_source"] == i], budget, with_hidden=data.hidden is not None) if len(tr)]
 
 
 # --- models ------------------------------------------------------------------------------------
@@ -153,7 +186,8 @@ def traces_for(data: TraceData, mask: np.ndarray) -> list[PromptTrace]:
 def fit_model(kind: str, X: np.ndarray, y: np.ndarray, columns: Sequence[int] | None = None, seed: int = 0,
               balanced: bool = False) -> Model:
     """Fit on FEATURES[columns] of X (all when None) and return the portable model (artifact.py),
-    which is what every later prediction uses, so the saved artifact predicts identically."""
+    which is what every later prediction uses, so the saved artifact predicts identically.
+    (The head on the draft's hidden state is `fit_head`.)"""
     from sklearn.utils.class_weight import compute_sample_weight
 
     if kind not in MODEL_KINDS:
@@ -181,6 +215,62 @@ def fit_model(kind: str, X: np.ndarray, y: np.ndarray, columns: Sequence[int] | 
         warnings.simplefilter("ignore", ConvergenceWarning)  # small data: a few more iterations change little
         pipe.fit(Xc, y, **{f"{pipe.steps[-1][0]}__sample_weight": weight} if balanced else {})
     return DenseModel.from_sklearn(pipe, cols)
+
+
+HEAD_HIDDEN = 64  # units of the head's one hidden layer (0: logistic on the same inputs)
+HEAD_WEIGHT_DECAY = 1e-3  # L2 on the head's weights: ~900 hidden dims and tens of thousands of rows overfit easily
+
+
+def fit_head(X: np.ndarray, H: np.ndarray, y: np.ndarray, columns: Sequence[int], groups: np.ndarray, seed: int = 0,
+             hidden_units: int = HEAD_HIDDEN, max_steps: int = 400) -> DenseModel:
+    """An acceptance head (SpecDec++'s idea, small): standardised [FEATURES[columns], draft hidden state]
+    -> one ReLU layer -> sigmoid, fitted in torch (full-batch Adam, L2), early-stopped on the log-loss
+    of 15 % of the training prompts (`groups`: each row's prompt id). Returns a DenseModel of kind "head"."""
+    import torch
+
+    Z = np.concatenate([X[:, list(columns)], H], 1).astype(np.float64)
+    mean, scale = Z.mean(0), Z.std(0)
+    scale[scale < 1e-8] = 1.0
+    rng = np.random.default_rng(seed)
+    prompts = np.unique(groups)
+    held = np.isin(groups, rng.permutation(prompts)[: max(1, int(0.15 * len(prompts)))])
+    if len(np.unique(y[~held])) < 2 or not held.any():
+        held = np.zeros(len(y), bool)
+    torch.manual_seed(seed)
+    t = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    Zt, yt = t((Z - mean) / scale), t(y)
+    sizes = [Z.shape[1], *([hidden_units] if hidden_units else []), 1]
+    layers = [torch.nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])]
+    net = torch.nn.Sequential(*[m for lin in layers for m in (lin, torch.nn.ReLU())][:-1])
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=HEAD_WEIGHT_DECAY)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    fit_rows, val_rows = torch.tensor(~held), torch.tensor(held)
+    best, best_state = float("inf"), None
+    for step in range(max_steps):
+        net.train()
+        opt.zero_grad()
+        loss = loss_fn(net(Zt[fit_rows])[:, 0], yt[fit_rows])
+        loss.backward()
+        opt.step()
+        if step % 10 == 9 or step == max_steps - 1:
+            with torch.no_grad():
+                rows = val_rows if held.any() else fit_rows
+                v = float(loss_fn(net(Zt[rows])[:, 0], yt[rows]))
+            if v < best:
+                best, best_state = v, [(lin.weight.detach().clone(), lin.bias.detach().clone()) for lin in layers]
+    weights = [(W.T.double().numpy(), b.double().numpy()) for W, b in best_state]
+    return DenseModel("head", mean, scale, weights, "relu" if hidden_units else "identity", columns, H.shape[1])
+
+
+def platt(p: np.ndarray, y: np.ndarray) -> Calibration:
+    """Platt scaling fitted on (validation) rows: the cumulative and cost rules multiply probabilities."""
+    from sklearn.linear_model import LogisticRegression
+
+    if len(np.unique(y)) < 2:
+        return Calibration()
+    p = np.clip(p, 1e-7, 1 - 1e-7)
+    lr = LogisticRegression(C=1e6).fit(np.log(p / (1 - p))[:, None], y)
+    return Calibration(float(lr.coef_[0, 0]), float(lr.intercept_[0]))
 
 
 def classification_metrics(y: np.ndarray, p: np.ndarray) -> dict:
@@ -238,29 +328,86 @@ def tune(traces: Sequence[PromptTrace], factory_at: Callable[[float | int], Call
     return Tuned(best, speedups, sims[best])
 
 
-def policy_table(traces: Sequence[PromptTrace], model: Model, cost: CostModel, max_window: int,
-                 progress: bool = False) -> tuple[list[dict], dict[str, Tuned]]:
-    """Simulated validation speedup of the oracle, the tuned classifier and the baselines, each
-    tuned on the same prompts under the same cost model."""
+@dataclass
+class Learned:
+    """One trained model under one rule, its parameter tuned on validation."""
+
+    model_name: str  # "lightgbm", "logistic", "mlp" or "head"
+    rule: str  # classifier.RULES
+    model: Model  # calibrated (artifact.Calibrated): what the simulator and the artifact use
+    tuned: Tuned
+
+    @property
+    def label(self) -> str:
+        return f"{self.model_name}, {self.rule} rule"
+
+    def factory(self, cost: CostModel, setting: float | None = None):
+        return replay_policy("classifier", threshold=self.tuned.best if setting is None else setting, model=self.model,
+                             rule=self.rule, cost=cost)
+
+
+def tune_learned(traces: Sequence[PromptTrace], models: dict[str, Model], cost: CostModel, max_window: int,
+                 progress: bool = False, rules: Sequence[str] = RULES) -> list[Learned]:
+    """Every model under every rule, each rule's parameter tuned by simulated speedup on `traces`."""
+    out = []
+    for name, model in models.items():
+        for rule in rules:
+            t = tune(traces, lambda v: replay_policy("classifier", threshold=v, model=model, rule=rule, cost=cost),
+                     RULE_GRIDS[rule], cost, max_window, progress)
+            out.append(Learned(name, rule, model, t))
+    return out
+
+
+def policy_table(traces: Sequence[PromptTrace], models: dict[str, Model], cost: CostModel, max_window: int,
+                 progress: bool = False) -> tuple[list[dict], dict[str, Tuned], list[Learned]]:
+    """Simulated validation speedup of the oracle, every learned (model, rule) and the baselines, each
+    tuned on the same prompts under the same cost model. tuned["classifier"]: the best learned one."""
+    learned = tune_learned(traces, models, cost, max_window, progress)
+    best = max(learned, key=lambda entry: entry.tuned.speedups[entry.tuned.best])
     tuned = {
-        "classifier": tune(traces, lambda t: replay_policy("classifier", threshold=t, model=model),
-                           THRESHOLD_GRID, cost, max_window, progress),
+        "classifier": best.tuned,
         "threshold": tune(traces, lambda t: replay_policy("threshold", threshold=t), THRESHOLD_GRID, cost,
                           max_window, progress),
         "constant": tune(traces, lambda k: replay_policy("constant", k=k), list(range(1, max(max_window, 1) + 1)),
                          cost, max_window, progress),
+        "adaedl": tune(traces, lambda v: replay_policy("adaedl", lam=v, max_window=max_window), ADAEDL_GRID, cost,
+                       max_window, progress),
+        "svip": tune(traces, lambda v: replay_policy("svip", h=v), SVIP_GRID, cost, max_window, progress),
     }
     fixed = simulate_many(traces, {"oracle": replay_policy("oracle"), "heuristic": replay_policy("heuristic"),
-                                   "tau": replay_policy("threshold", threshold=DEFAULT_THRESHOLD)}, max_window)
-    rows = [
-        ("oracle", "knows y", fixed["oracle"]),
-        ("classifier", f"t = {tuned['classifier'].best:g} (tuned)", tuned["classifier"].result),
+                                   "tau": replay_policy("threshold", threshold=DEFAULT_THRESHOLD),
+                                   "adaedl": replay_policy("adaedl", max_window=max_window),
+                                   "svip": replay_policy("svip")}, max_window)
+    rows = [("oracle", "knows y", fixed["oracle"])]
+    rows += [(f"classifier ({entry.label})", f"{entry.rule} = {entry.tuned.best:g} (tuned)", entry.tuned.result)
+             for entry in learned]
+    rows += [
         ("threshold", f"tau = {tuned['threshold'].best:g} (tuned)", tuned["threshold"].result),
         ("threshold", f"tau = {DEFAULT_THRESHOLD:g} (transformers)", fixed["tau"]),
+        ("adaedl", f"lambda0 = {tuned['adaedl'].best:g} (tuned)", tuned["adaedl"].result),
+        ("adaedl", f"lambda0 = {ADAEDL_LAMBDA:g} (paper)", fixed["adaedl"]),
+        ("svip", f"h = {tuned['svip'].best:g} (tuned)", tuned["svip"].result),
+        ("svip", f"h = {SVIP_H:g} (paper's code)", fixed["svip"]),
         ("constant", f"k = {tuned['constant'].best} (tuned)", tuned["constant"].result),
         ("heuristic", f"k0 = {DEFAULT_K} (transformers)", fixed["heuristic"]),
     ]
-    return [{"policy": p, "setting": s, **sim.summary(cost)} for p, s, sim in rows], tuned
+    return [{"policy": p, "setting": s, **sim.summary(cost)} for p, s, sim in rows], tuned, learned
+
+
+def choose(learned: Sequence[Learned], threshold: Tuned) -> tuple[Learned, dict]:
+    """The fastest learned (model, rule) on validation, and what a user gets: it, or the tuned threshold
+    when that is faster (a learned policy never ships slower than the threshold the same run tuned)."""
+    best = max(learned, key=lambda entry: entry.tuned.speedups[entry.tuned.best])
+    s_learned, s_thr = best.tuned.speedups[best.tuned.best], threshold.speedups[threshold.best]
+    if s_learned > s_thr:
+        choice = {"policy": "classifier", "model": best.model_name, "rule": best.rule, "setting": float(best.tuned.best),
+                  "speedup": s_learned}
+    else:
+        choice = {"policy": "threshold", "setting": float(threshold.best), "speedup": s_thr}
+    choice["tuned_threshold_speedup"] = s_thr
+    choice["best_learned_speedup"] = s_learned
+    choice["margin_vs_threshold"] = choice["speedup"] / s_thr
+    return best, choice
 
 
 def _feature_groups() -> list[tuple[str, list[str]]]:
@@ -268,27 +415,35 @@ def _feature_groups() -> list[tuple[str, list[str]]]:
     groups: dict[str, list[str]] = {}
     for f in FEATURES:
         if f not in DISCO_FEATURES:
-            key = f"{f.split('_')[0]}_*" if f.startswith(("copy_", "class_")) else f
+            key = f"{f.split('_')[0]}_*" if f.startswith(("copy_", "class_", "last_")) else f
             groups.setdefault(key, []).append(f)
     return list(groups.items())
 
 
 def ablation(kind: str, X_tr: np.ndarray, y_tr: np.ndarray, X_val: np.ndarray, y_val: np.ndarray,
-             traces: Sequence[PromptTrace], cost: CostModel, cfg: TrainConfig, full: tuple[Model, float]) -> list[dict]:
-    """Tuned simulated speedup with DISCO's inputs only, all features, and all but each added group."""
+             traces: Sequence[PromptTrace], cost: CostModel, cfg: TrainConfig, full: Model, available: Sequence[int],
+             head: tuple[Model, np.ndarray] | None = None) -> list[dict]:
+    """Tuned simulated speedup (token rule) with DISCO's inputs only, all features, all but each added
+    group, and (head: the model and its validation inputs) all features + the draft's hidden state."""
     from tqdm.auto import tqdm
 
+    have = set(available)
     variants = [("DISCO inputs only", [FEATURES.index(f) for f in DISCO_FEATURES]), ("all features", None)]
-    variants += [(f"all − {name}", [i for i, f in enumerate(FEATURES) if f not in group])
-                 for name, group in _feature_groups()]
+    variants += [(f"all − {name}", [i for i in available if FEATURES[i] not in group])
+                 for name, group in _feature_groups() if any(FEATURES.index(f) in have for f in group)]
+    variants += [("all + hidden state (head)", "head")] if head is not None else []
     rows = []
     for name, cols in tqdm(variants, desc="ablation", disable=not cfg.progress):
-        model = full[0] if cols is None else fit_model(kind, X_tr, y_tr, cols, cfg.seed, cfg.balanced)
+        if cols == "head":
+            model, X_eval = head
+        else:
+            model = full if cols is None else fit_model(kind, X_tr, y_tr, cols, cfg.seed, cfg.balanced)
+            X_eval = X_val
         t = tune(traces, lambda th: replay_policy("classifier", threshold=th, model=model), THRESHOLD_GRID, cost,
                  cfg.max_window)
-        auc = classification_metrics(y_val, model.predict_proba(X_val))["roc_auc"]
-        rows.append({"variant": name, "features": len(model.columns), "roc_auc": auc, "threshold": t.best,
-                     "speedup": t.speedups[t.best]})
+        auc = classification_metrics(y_val, model.predict_proba(X_eval))["roc_auc"]
+        rows.append({"variant": name, "features": len(model.columns) + model.hidden_dim, "roc_auc": auc,
+                     "threshold": t.best, "speedup": t.speedups[t.best]})
     base = rows[1]["speedup"]
     for r in rows:
         r["delta_vs_all"] = r["speedup"] - base
@@ -309,13 +464,13 @@ def task_masks(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     return {t: tasks == t for t in sorted(set(tasks.tolist()))}
 
 
-def per_task_table(data: TraceData, val_mask: np.ndarray, model: Model, tuned: dict[str, Tuned], cost: CostModel,
+def per_task_table(data: TraceData, val_mask: np.ndarray, best: Learned, tuned: dict[str, Tuned], cost: CostModel,
                    max_window: int) -> list[dict]:
     """Simulated speedup per task on the validation prompts, every policy at the ONE setting tuned
-    on all validation prompts (what a user deploys), the classifier's ratio to the tuned threshold."""
+    on all validation prompts (what a user deploys), the best learned policy's ratio to the tuned threshold."""
     factories = {
         "oracle": replay_policy("oracle"),
-        "classifier": replay_policy("classifier", threshold=tuned["classifier"].best, model=model),
+        "classifier": best.factory(cost),
         "threshold": replay_policy("threshold", threshold=tuned["threshold"].best),
         "tau": replay_policy("threshold", threshold=DEFAULT_THRESHOLD),
         "constant": replay_policy("constant", k=tuned["constant"].best),
@@ -332,11 +487,11 @@ def per_task_table(data: TraceData, val_mask: np.ndarray, model: Model, tuned: d
 
 
 def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X: np.ndarray, y: np.ndarray,
-               cost: CostModel, cfg: TrainConfig, full: tuple[Model, dict[str, Tuned]]) -> list[dict]:
+               cost: CostModel, cfg: TrainConfig, full: tuple[Model, float, float], features: Sequence[int]) -> list[dict]:
     """Train on one task, test on another: for each training task A (and all tasks together), fit
-    on A's training prompts, tune the classifier's threshold and tau on A's validation prompts,
-    then simulate both on each task B's validation prompts (never seen in fitting or tuning).
-    full: the model trained on all tasks and its tuned settings (`policy_table`), reused as is."""
+    on A's training prompts, tune the classifier's threshold (token rule) and tau on A's validation
+    prompts, then simulate both on each task B's validation prompts (never seen in fitting or tuning).
+    full: the model trained on all tasks, its tuned token threshold and tau, reused as is."""
     from tqdm.auto import tqdm
 
     masks = task_masks(data.rows)
@@ -350,9 +505,9 @@ def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X:
         if len(np.unique(y[fit])) < 2 or not tune_on:
             continue  # one class only (or no validation prompt): nothing to learn or tune for this task
         if a == ALL_TASKS:
-            model, t, tau = full[0], full[1]["classifier"].best, full[1]["threshold"].best
+            model, t, tau = full
         else:
-            model = fit_model(cfg.model, X[fit], y[fit], None, cfg.seed, cfg.balanced)
+            model = fit_model(cfg.model, X[fit], y[fit], features, cfg.seed, cfg.balanced)
             t = tune(tune_on, lambda th: replay_policy("classifier", threshold=th, model=model), THRESHOLD_GRID, cost,
                      cfg.max_window).best
             tau = tune(tune_on, lambda th: replay_policy("threshold", threshold=th), THRESHOLD_GRID, cost,
@@ -375,7 +530,7 @@ def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X:
 class TrainReport:
     out: Path
     threshold: float
-    metrics: dict  # validation metrics of the saved model
+    metrics: dict  # validation metrics of the saved model (calibrated)
     table: list[dict]  # policy speedup table (validation prompts, simulated)
     importance: dict[str, float]
     cost: CostModel
@@ -383,21 +538,33 @@ class TrainReport:
     split: dict = field(default_factory=dict)
     per_task: list[dict] = field(default_factory=list)
     cross_task: list[dict] = field(default_factory=list)
+    choice: dict = field(default_factory=dict)  # what `--policy classifier` runs (train.choose)
+    model_metrics: dict = field(default_factory=dict)  # validation metrics of every fitted model
 
     def markdown(self) -> str:
         m = self.metrics
         f = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+        c = self.choice
+        chosen = (f"the classifier ({c['model']}, {c['rule']} rule, parameter {c['setting']:g})" if c.get("policy") == "classifier"
+                  else f"the tuned threshold (tau = {c.get('setting', 0):g}): no learned policy beat it on validation")
         lines = [
             f"# disco classifier: {self.out}",
+            "",
+            f"**`--policy classifier` runs {chosen}**: simulated validation speedup {c.get('speedup', 0):.3f} vs "
+            f"{c.get('tuned_threshold_speedup', 0):.3f} for the tuned threshold ({c.get('margin_vs_threshold', 1):.3f}x; "
+            f"best learned policy {c.get('best_learned_speedup', 0):.3f}).",
             "",
             f"Split by prompt: {self.split.get('train_prompts')} train / {self.split.get('val_prompts')} validation "
             f"prompts ({self.split.get('train_rows')} / {m['rows']} drafted rows); validation accept rate "
             f"{m['accept_rate']:.3f}.",
             "",
-            "| ROC-AUC | PR-AUC (accept) | PR-AUC (reject) | log-loss | accuracy@0.5 |",
-            "|---|---|---|---|---|",
-            f"| {f(m['roc_auc'])} | {f(m['pr_auc'])} | {f(m['pr_auc_reject'])} | {f(m['log_loss'])} | "
-            f"{f(m['accuracy'])} |",
+            "| model | ROC-AUC | PR-AUC (accept) | PR-AUC (reject) | log-loss (calibrated) | accuracy@0.5 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, mm in (self.model_metrics or {"model": m}).items():
+            lines.append(f"| {name} | {f(mm['roc_auc'])} | {f(mm['pr_auc'])} | {f(mm['pr_auc_reject'])} | "
+                         f"{f(mm['log_loss'])} | {f(mm['accuracy'])} |")
+        lines += [
             "",
             f"Simulated speedup over target-only decoding on the validation prompts; cost model: {self.cost.source} "
             f"(c_d/c_t(1) = {self.cost.c_d / self.cost.c_t[0]:.3f}, c_t({len(self.cost.c_t)})/c_t(1) = "
@@ -411,7 +578,8 @@ class TrainReport:
                          f" | {r['draft_forwards_per_token']:.3f} | {r['mean_accepted']:.2f} | "
                          f"{100 * r['approx_drafts']:.1f}% |")
         if self.per_task:
-            lines += ["", "Per task (validation prompts; every policy at the setting tuned on all of them):", "",
+            lines += ["", "Per task (validation prompts; every policy at the setting tuned on all of them; classifier: "
+                      "the best learned policy):", "",
                       "| task | prompts | oracle | classifier | tuned threshold | tau = 0.4 | tuned constant | heuristic "
                       "| classifier / tuned threshold |", "|---|---|---|---|---|---|---|---|---|"]
             lines += [f"| {r['task']} | {r['prompts']} | {r['oracle']:.3f} | {r['classifier']:.3f} | {r['threshold']:.3f}"
@@ -424,12 +592,13 @@ class TrainReport:
                       "|---|---|---|---|---|---|---|"]
             lines += [f"| {r['train_task']} | {r['test_task']} | {r['threshold']:g} | {r['classifier']:.3f} | "
                       f"{r['tau']:g} | {r['tuned_threshold']:.3f} | {r['ratio']:.3f} |" for r in self.cross_task]
-        lines += ["", "Permutation importance (drop in validation ROC-AUC when shuffled):", "",
-                  "| feature | importance |", "|---|---|"]
-        lines += [f"| {k} | {v:.4f} |" for k, v in self.importance.items()]
+        if self.importance:
+            lines += ["", "Permutation importance (drop in validation ROC-AUC when shuffled):", "",
+                      "| feature | importance |", "|---|---|"]
+            lines += [f"| {k} | {v:.4f} |" for k, v in self.importance.items()]
         if self.ablation:
-            lines += ["", "Ablation (each variant retrained, threshold tuned by simulated speedup):", "",
-                      "| variant | features | ROC-AUC | threshold | speedup | vs all |", "|---|---|---|---|---|---|"]
+            lines += ["", "Ablation (each variant retrained, token-rule threshold tuned by simulated speedup):", "",
+                      "| variant | inputs | ROC-AUC | threshold | speedup | vs all |", "|---|---|---|---|---|---|"]
             lines += [f"| {r['variant']} | {r['features']} | {f(r['roc_auc'])} | {r['threshold']:g} | "
                       f"{r['speedup']:.3f} | {r['delta_vs_all']:+.3f} |" for r in self.ablation]
         return "\n".join(lines) + "\n"
@@ -453,15 +622,29 @@ def train(cfg: TrainConfig) -> TrainReport:
     if len(np.unique(y[tr])) < 2:
         raise DiscoError("the training prompts' drafted tokens are all of one class: add prompts or change --seed")
 
-    model = fit_model(cfg.model, X[tr], y[tr], None, cfg.seed, cfg.balanced)
-    metrics = classification_metrics(y[va], model.predict_proba(X[va]))
-    importance = permutation_importance(model, X[va], y[va], cfg.seed)
+    # The models: cfg.model on FEATURES, and the head on FEATURES + hidden state when the traces hold it.
+    raw: dict[str, Model] = {cfg.model: fit_model(cfg.model, X[tr], y[tr], data.features, cfg.seed, cfg.balanced)}
+    inputs: dict[str, np.ndarray] = {cfg.model: X}
+    if cfg.head and data.hidden is not None:
+        H = data.hidden_matrix(np.ones(len(rows), bool))
+        raw["head"] = fit_head(X[tr], H[tr], y[tr], data.features, rows["prompt_id"].to_numpy()[tr], cfg.seed)
+        inputs["head"] = np.concatenate([X, H], 1)
+        del H
+    models = {name: Calibrated(m, platt(m.predict_proba(inputs[name][va]), y[va])) for name, m in raw.items()}
+    model_metrics = {name: classification_metrics(y[va], m.predict_proba(inputs[name][va])) for name, m in models.items()}
+
     val_traces = traces_for(data, val_mask)
-    table, tuned = policy_table(val_traces, model, cost, cfg.max_window, cfg.progress)
-    threshold = float(tuned["classifier"].best)
-    abl = ablation(cfg.model, X[tr], y[tr], X[va], y[va], val_traces, cost, cfg, (model, threshold)) if cfg.ablate else []
-    tasks = per_task_table(data, val_mask, model, tuned, cost, cfg.max_window)
-    cross = cross_task(data, train_mask, val_mask, X, y, cost, cfg, (model, tuned)) if cfg.cross_task else []
+    table, tuned, learned = policy_table(val_traces, models, cost, cfg.max_window, cfg.progress)
+    best, choice = choose(learned, tuned["threshold"])
+    main = models[cfg.model]
+    token = next(e for e in learned if e.model_name == cfg.model and e.rule == "token")
+    importance = permutation_importance(main, X[va], y[va], cfg.seed)
+    head_eval = (models["head"], inputs["head"][va]) if "head" in models else None
+    abl = (ablation(cfg.model, X[tr], y[tr], X[va], y[va], val_traces, cost, cfg, main, data.features, head_eval)
+           if cfg.ablate else [])
+    tasks = per_task_table(data, val_mask, best, tuned, cost, cfg.max_window)
+    cross = (cross_task(data, train_mask, val_mask, X, y, cost, cfg, (main, token.tuned.best, tuned["threshold"].best),
+                        data.features) if cfg.cross_task else [])
 
     split = {
         "train_prompts": int(rows.loc[train_mask, "prompt_id"].nunique()),
@@ -469,9 +652,17 @@ def train(cfg: TrainConfig) -> TrainReport:
         "train_rows": int(tr.sum()),
         "val_prompt_ids": sorted(rows.loc[val_mask, "prompt_id"].unique().tolist()),
     }
-    report = TrainReport(cfg.out, threshold, metrics, table, importance, cost, abl, split, tasks, cross)
-    save_artifact(cfg.out, model, {
-        "threshold": threshold,
+    threshold = float(best.tuned.best)
+    metrics = model_metrics[best.model_name]
+    report = TrainReport(cfg.out, threshold, metrics, table, importance, cost, abl, split, tasks, cross, choice,
+                         model_metrics)
+    calibration = models[best.model_name].calibration
+    save_artifact(cfg.out, raw[best.model_name], {
+        "threshold": threshold,  # the parameter of `rule` (a P(accept) threshold for the token rule)
+        "rule": best.rule,
+        "choice": choice,
+        "calibration": {"a": calibration.a, "b": calibration.b},
+        **({"hidden": data.hidden} if best.model_name == "head" else {}),
         "pair": data.pair,
         "tokenizer_hash": data.pair.get("tokenizer_hash"),
         "max_window": cfg.max_window,
@@ -480,15 +671,20 @@ def train(cfg: TrainConfig) -> TrainReport:
             "balanced": cfg.balanced,
             "seed": cfg.seed,
             "val_fraction": cfg.val_fraction,
+            "models": list(models),
             **split,
             "traces": data.manifests,
         },
         "validation_metrics": metrics,
+        "model_metrics": model_metrics,
         "cost_model": cost.to_dict(),
-        "tuned": {  # what `disco compare --tuned-k/--tuned-threshold` should use for fair baselines
+        "tuned": {  # what `disco compare` runs as fair baselines
             "classifier_threshold": threshold,
             "threshold": float(tuned["threshold"].best),
             "k": int(tuned["constant"].best),
+            "adaedl_lambda": float(tuned["adaedl"].best),
+            "svip_h": float(tuned["svip"].best),
+            "rules": {e.rule: float(e.tuned.best) for e in learned if e.model_name == best.model_name},
         },
         "speedups": table,
         "importance": importance,

@@ -116,4 +116,4 @@ def test_installed_command_exits_2_without_traceback():
     proc = subprocess.run([sys.executable, "cli.py", "generate", "--prompt", "hi", "--policy", "nope"],
                           capture_output=True, text=True, cwd=__file__.rsplit("/tests/", 1)[0])
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: unknown policy 'nope': choose one of target, constant, heuristic, threshold, oracle, classifier"
+    assert proc.stderr.strip() == "error: unknown policy 'nope': choose one of target, constant, heuristic, threshold, adaedl, svip, oracle, classifier"

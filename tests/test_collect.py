@@ -19,6 +19,7 @@ from disco.collect import (TRACE_COLUMNS, collect, load_traces, oracle_windows, 
                            teacher_forced_trace)
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
+from disco.trace import HIDDEN_COLUMN
 from disco.features import FEATURES, WindowState, token_class_table, token_features, top_probs
 from disco.pair import pair_from_models
 from disco.policy import OraclePolicy
@@ -71,7 +72,10 @@ def test_oracle_windows(labels, max_new, window, expected):
 # --- the teacher-forced trace equals the real oracle loop ------------------------------------------
 
 class RecordingOracle(OraclePolicy):
-    """The oracle policy, recording the features a live policy computes at each draft step."""
+    """The oracle policy, recording the features a live policy computes at each draft step (the
+    target-side signals included) and the draft's hidden state the loop hands it."""
+
+    needs_hidden = True
 
     def __init__(self, target_tokens, token_classes):
         super().__init__(target_tokens)
@@ -85,11 +89,11 @@ class RecordingOracle(OraclePolicy):
         tok = token_features(step.probs, step.token, step.gen_pos, step.context(), self.token_classes)
         feats = self.state.step(tok, step.window_pos)
         self.rows.append({"gen_pos": step.gen_pos, "window_id": self.window, "draft_token": int(step.token),
-                          "features": feats.numpy()})
+                          "features": feats.numpy(), "hidden": step.hidden.numpy()})
         return super().should_stop(step)
 
-    def update(self, n_drafted, n_accepted):
-        self.state.end(n_drafted, n_accepted)
+    def update(self, n_drafted, n_accepted, signals=None):
+        self.state.end(n_drafted, n_accepted, signals())
 
 
 PROMPTS = [[(7 * i + 3 * j) % 90 + 3 for j in range(1 + 2 * i)] for i in range(4)]
@@ -134,6 +138,11 @@ def test_trace_equals_live_oracle_loop(pairs, noise, max_new, window, eos_at):
         assert ours["label"].tolist() == [int(r["draft_token"] == y[r["gen_pos"]]) for r in rows]
         live_feats = np.stack([r["features"] for r in rows]) if rows else np.zeros((0, len(FEATURES)))
         np.testing.assert_allclose(ours[list(FEATURES)].to_numpy(np.float64), live_feats, rtol=1e-5, atol=1e-6)
+        if rows:  # the target-side signals vary (a test that could not fail otherwise)
+            assert len({tuple(r["features"][-4:]) for r in rows}) > 1 or len(set(ours["window_id"])) == 1
+            # the draft's hidden state, as the loop's draft engine gives it, stored in float16
+            stored = np.stack([np.frombuffer(b, np.float16) for b in ours[HIDDEN_COLUMN]]).astype(np.float32)
+            np.testing.assert_allclose(stored, np.stack([r["hidden"] for r in rows]), rtol=2e-3, atol=2e-3)
         # the loop's own window statistics agree
         assert live.stats.windows == ours.groupby("window_id").size().tolist()
         eos_windows += int(y[-1] in pair.eos_token_ids and bool(rows) and rows[-1]["gen_pos"] == len(y) - 1)

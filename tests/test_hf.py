@@ -34,14 +34,14 @@ class Recording(ClassifierPolicy):
         self.seen.append((self.window_features_last.numpy().copy(), stop))
         return stop
 
-    def features(self, tok_feats, window_pos):
-        self.window_features_last = super().features(tok_feats, window_pos)
+    def features(self, tok_feats, window_pos, hidden=None):
+        self.window_features_last = super().features(tok_feats, window_pos, hidden)
         return self.window_features_last
 
 
 def test_live_decisions_match_offline_predictions(setup):
     pair, clf = setup
-    base = ClassifierPolicy.for_pair(clf, pair)
+    base = ClassifierPolicy.for_pair(clf, pair, rule="token")  # P(accept) < t, whatever train chose
     policy = Recording(base.model, base.threshold, base.token_classes)
     policy.seen = []
     for i in range(6):

@@ -14,6 +14,7 @@ from disco.classifier import ClassifierPolicy
 from disco.collect import trace_prompt
 from disco.decode import DecodeConfig, GenStats, speculative_generate
 from disco.errors import DiscoError
+from disco.trace import HIDDEN_COLUMN, signals_at
 from disco.features import FEATURES, TOKEN_CLASSES, TOKEN_FEATURES, WINDOW_FEATURES, WindowState
 from disco.pair import Pair
 from disco.policy import make_policy
@@ -31,6 +32,9 @@ def trace_frame(prompt_id: str, tok_feats: torch.Tensor, draft_tokens, target_to
     L = len(target_tokens)
     max_new = L if max_new is None else max_new
     labels = [int(d == t) for d, t in zip(draft_tokens, target_tokens)]
+    # target-side signal columns: varied, so a policy reading them sees different windows differently
+    top1, ent = np.full(L, 0.9), 0.1 + 0.01 * np.arange(L)
+    dpt = np.where(labels, tok_feats[:, TOKEN_FEATURES.index("p_chosen")].numpy(), 0.3)
     window = torch.zeros(L, len(WINDOW_FEATURES))
     window_id, drafted = [-1] * L, [False] * L
     state, out, wid = WindowState(), 0, 0
@@ -46,7 +50,8 @@ def trace_frame(prompt_id: str, tok_feats: torch.Tensor, draft_tokens, target_to
             if not labels[j]:
                 break
         n = int(np.cumprod(labels[out : out + k]).sum())
-        state.end(k, n)
+        end = out + n
+        state.end(k, n, signals_at(top1[end], ent[end], dpt[end], n < k) if end < L else None)
         wid += k > 0
         out += min(n + 1, L - out)
     feats = torch.cat([tok_feats, window], 1).double().numpy()
@@ -54,7 +59,11 @@ def trace_frame(prompt_id: str, tok_feats: torch.Tensor, draft_tokens, target_to
     p = df["p_chosen"]
     df = df.assign(prompt_id=prompt_id, task=task, gen_pos=np.arange(L), window_id=window_id, oracle_drafted=drafted,
                    label=labels, draft_token=list(draft_tokens), target_token=list(target_tokens), draft_prob=p,
-                   target_prob=np.where(labels, 0.9, 0.05), accept_prob=1.0, overlap=0.5, target_top1=0.9)
+                   target_prob=np.where(labels, 0.9, 0.05), accept_prob=1.0, overlap=0.5, target_top1=top1,
+                   target_entropy=ent, draft_prob_target=dpt)
+    # a 4-dim "hidden state" per position, float16 bytes as the collector stores it
+    hid = np.stack([df["p_chosen"], df["entropy"], np.sin(np.arange(L)), np.ones(L)], 1).astype(np.float16)
+    df[HIDDEN_COLUMN] = [row.tobytes() for row in hid]
     df["gen_pos"] = df["gen_pos"].astype(float)  # the FEATURES column doubles as the id column
     return df[list(dict.fromkeys(COLUMNS))]
 
@@ -241,8 +250,9 @@ V = 12
 class PositionStub(DistStubLM):
     """DistStubLM that also runs without a cache, as the collector's teacher-forced forward calls it."""
 
-    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0):
-        return super().forward(input_ids, DynamicCache() if cache is None else cache, use_cache, logits_to_keep)
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, output_hidden_states=False):
+        return super().forward(input_ids, DynamicCache() if cache is None else cache, use_cache, logits_to_keep,
+                               output_hidden_states)
 
 
 def _stub_pair():

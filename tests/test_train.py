@@ -15,9 +15,9 @@ from disco.artifact import JoblibModel, load_artifact, save_artifact
 from disco.classifier import ClassifierPolicy
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
-from disco.features import FEATURES
+from disco.features import FEATURES, TARGET_SIGNALS
 from disco.simulate import CostModel, replay_policy, simulate
-from disco.train import (THRESHOLD_GRID, TrainConfig, fit_model, load_trace_data, split_by_prompt, traces_for, train,
+from disco.train import (RULE_GRIDS, THRESHOLD_GRID, TrainConfig, fit_model, load_trace_data, split_by_prompt, traces_for, train,
                          tune)
 from test_cli import cli
 from test_simulate import counts, random_traces, synthetic_trace
@@ -123,12 +123,26 @@ def test_tampered_model_is_refused(artifact):
         load_artifact(artifact)
 
 
-def test_other_feature_list_is_refused(artifact):
+def test_unknown_feature_is_refused(artifact):
     manifest = json.loads((artifact / "manifest.json").read_text())
-    manifest["features"] = manifest["features"][:-1]
+    manifest["columns"][-1] = "draft_mood"
     (artifact / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(DiscoError, match=r"another feature list.*missing \['prev_accepted'\]"):
+    with pytest.raises(DiscoError, match=r"reads features this disco does not compute \(draft_mood\)"):
         load_artifact(artifact)
+
+
+def test_artifact_of_an_older_feature_list_loads_by_name(data, tmp_path):
+    """An artifact written when FEATURES had no target-side signals reads its features by name."""
+    _, X, y, tr, va, _ = data
+    old = [i for i, f in enumerate(FEATURES) if f not in TARGET_SIGNALS]
+    model = fit_model("logistic", X[tr], y[tr], old)
+    folder = save_artifact(tmp_path / "old", model, {"threshold": 0.5, "pair": PAIR})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["features"] = [FEATURES[i] for i in old]  # what the older disco wrote
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    art = load_artifact(folder)
+    assert art.columns == old
+    assert np.array_equal(art.predict_proba(X[va]), model.predict_proba(X[va]))
 
 
 def test_other_pair_is_refused(artifact):
@@ -211,19 +225,32 @@ def test_disco_train_command(traces_dir, tmp_path, capsys):
     code, stdout, err = cli(capsys, "train", "--traces", traces_dir, "--out", out, "--model", "logistic",
                             "--profile", profile, "--max-window", 8, "--ablate", "--cross-task")
     assert code == 0, err
-    for policy in ("| oracle |", "| classifier | t = ", "| threshold | tau = 0.4 (transformers)", "| constant | k = ",
-                   "| heuristic |", "ROC-AUC", "| all − copy_* |", "| all − class_* |", "| DISCO inputs only | 12 |"):
+    for policy in ("| oracle |", "| classifier (logistic, token rule) | token = ",
+                   "| classifier (logistic, cumulative rule) | cumulative = ", "| classifier (logistic, cost rule) | cost = ",
+                   "| threshold | tau = 0.4 (transformers)", "| constant | k = ", "| adaedl | lambda0 = 0.9 (paper) |",
+                   "| svip | h = 0.3 (paper's code) |", "| adaedl | lambda0 = ", "| svip | h = ",
+                   "| heuristic |", "ROC-AUC", "| all − copy_* |", "| all − class_* |", "| all − last_* |",
+                   "| DISCO inputs only | 12 |", "`--policy classifier` runs"):
         assert policy in stdout, policy
     manifest = json.loads((out / "manifest.json").read_text())
     art = load_artifact(out, expect_pair=PAIR)
-    assert art.threshold == manifest["tuned"]["classifier_threshold"] in THRESHOLD_GRID
+    assert art.threshold == manifest["tuned"]["classifier_threshold"] in RULE_GRIDS[art.rule]
+    # the choice: the fastest of the learned policies and the tuned threshold, with its margin
+    rows = {(r["policy"], r["setting"]): r["speedup"] for r in manifest["speedups"]}
+    learned = max(v for (p, _), v in rows.items() if p.startswith("classifier"))
+    tuned_thr = rows[("threshold", f"tau = {manifest['tuned']['threshold']:g} (tuned)")]
+    choice = manifest["choice"]
+    assert choice["speedup"] == pytest.approx(max(learned, tuned_thr))
+    assert choice["policy"] == ("classifier" if learned > tuned_thr else "threshold")
+    assert choice["margin_vs_threshold"] == pytest.approx(choice["speedup"] / tuned_thr)
     assert manifest["cost_model"]["source"] == str(profile)
     assert set(manifest["validation_metrics"]) >= {"roc_auc", "pr_auc", "log_loss", "accuracy"}
     assert manifest["training"]["traces"][0]["pair"] == PAIR
     assert set(manifest["training"]["val_prompt_ids"]) < {f"p{i}" for i in range(30)}
-    speedups = {row["setting"]: row["speedup"] for row in manifest["speedups"]}
-    # the ablation's "all features" row is the saved model, tuned the same way
-    assert speedups[f"t = {art.threshold:g} (tuned)"] == pytest.approx(manifest["ablation"][1]["speedup"])
+    # the ablation's "all features" row is the logistic model under the token rule, tuned the same way
+    token_row = next(r for r in manifest["speedups"] if r["policy"] == "classifier (logistic, token rule)")
+    token_t = float(token_row["setting"].split("= ")[1].split(" ")[0])
+    assert token_row["speedup"] == pytest.approx(manifest["ablation"][1]["speedup"])
     assert (out / "metrics.md").read_text().startswith("# disco classifier")
     # per task: both tasks, their validation prompts partition the validation set
     per_task = {r["task"]: r for r in manifest["per_task"]}
@@ -236,8 +263,9 @@ def test_disco_train_command(traces_dir, tmp_path, capsys):
     assert set(cross) == {(a, b) for a in ("code", "write", "all tasks") for b in ("code", "write")}
     for task in ("code", "write"):
         row = cross[("all tasks", task)]
-        assert row["threshold"] == art.threshold
-        assert row["classifier"] == pytest.approx(per_task[task]["classifier"])
+        assert row["threshold"] == token_t
+        if manifest["rule"] == "token":
+            assert row["classifier"] == pytest.approx(per_task[task]["classifier"])
         assert row["ratio"] == pytest.approx(row["classifier"] / row["tuned_threshold"])
     code, _, err = cli(capsys, "train", "--traces", tmp_path / "nope", "--out", out)
     assert code == 2 and err.count("\n") == 1 and "no trace folder" in err
@@ -260,26 +288,36 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
     report = train(TrainConfig([tmp_path / "traces"], tmp_path / "clf", model="logistic", max_window=6,
                                val_fraction=0.25, progress=False))
 
-    policy = ClassifierPolicy.for_pair(tmp_path / "clf", pair)
-    assert policy.threshold == report.threshold
+    art = load_artifact(tmp_path / "clf", expect_pair=pair)
+    chosen = ClassifierPolicy.for_pair(art, pair)  # what --policy classifier runs: what train chose
+    if report.choice["policy"] == "classifier":
+        assert (chosen.rule, chosen.threshold) == (art.rule, report.threshold) == (report.choice["rule"],
+                                                                                    report.choice["setting"])
+    else:
+        assert chosen.name == "threshold" and chosen.threshold == report.choice["setting"]
+    assert art.hidden_dim == 0 or art.kind == "head"
     df = read_traces([tmp_path / "traces"])[0].rows
     val = set(report.split["val_prompt_ids"])
-    exact = 0
-    for prompt in prompts:
-        if prompt.id not in val:
-            continue
-        ids = pair.encode(prompt.prompt)
-        ref = target_generate(target, ids, config, pair.eos_token_ids).tokens
-        real = speculative_generate(target, draft, ids, policy.fresh(), config, pair.eos_token_ids)
-        assert real.tokens == ref
-        sim = simulate(prompt_traces(df[df["prompt_id"] == prompt.id], 24),
-                       replay_policy("classifier", threshold=policy.threshold, model=policy.model), 6)
-        s = sim.stats[0]
-        assert (s.new_tokens, s.target_forwards) == (real.stats.new_tokens, real.stats.target_forwards)
-        if sim.approx_drafts == 0 and len(ref) == 24:  # no draft past a mismatch or past EOS: exact
-            assert counts(s) == counts(real.stats)
-            exact += 1
-    assert exact > 0
+    # every rule, at a setting where it stops inside windows: lossless live, and the simulator's counts
+    for rule, setting in (("token", 0.5), ("cumulative", 0.5), ("cost", 1.3)):
+        policy = ClassifierPolicy(art, setting, pair.token_classes(), rule, art.cost_model() or CostModel.default(6),
+                                  art.projection())
+        exact = 0
+        for prompt in prompts:
+            if prompt.id not in val:
+                continue
+            ids = pair.encode(prompt.prompt)
+            ref = target_generate(target, ids, config, pair.eos_token_ids).tokens
+            real = speculative_generate(target, draft, ids, policy.fresh(), config, pair.eos_token_ids)
+            assert real.tokens == ref
+            sim = simulate(prompt_traces(df[df["prompt_id"] == prompt.id], 24),
+                           replay_policy("classifier", threshold=setting, model=art, rule=rule, cost=policy.cost), 6)
+            s = sim.stats[0]
+            assert (s.new_tokens, s.target_forwards) == (real.stats.new_tokens, real.stats.target_forwards)
+            if sim.approx_drafts == 0 and len(ref) == 24:  # no draft past a mismatch or past EOS: exact
+                assert counts(s) == counts(real.stats)
+                exact += 1
+        assert exact > 0, rule
 
     other = pair_from_models(target, draft, char_tokenizer(), "tiny")
     other.tokenizer.add_special_tokens({"bos_token": "<s>"})

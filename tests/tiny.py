@@ -65,6 +65,16 @@ def save_tiny(model: torch.nn.Module, tokenizer, folder: Path) -> Path:
     return folder
 
 
+def _output(logits: torch.Tensor, keep: int, positions: list[int], hidden: bool):
+    """The model output the engine reads: logits of the last `keep` positions, and with `hidden` a
+    2-dim "last hidden state" per position (its absolute position and the top logit)."""
+    out = {"logits": logits[:, -keep:]}
+    if hidden:
+        states = torch.stack([torch.tensor(positions, dtype=torch.float32), logits[0].max(-1).values.float()], 1)
+        out["hidden_states"] = (states.unsqueeze(0),)
+    return type("Out", (), out)()
+
+
 class StubLM(torch.nn.Module):
     """A causal LM with fixed logits: after token t at absolute position i it predicts
     rule(t, i) with probability `confidence(i)`; the rest of the mass is spread evenly.
@@ -74,12 +84,12 @@ class StubLM(torch.nn.Module):
 
     def __init__(self, rule, vocab: int = 16, confidence=lambda i: 0.9) -> None:
         super().__init__()
-        self.config = PretrainedConfig(num_hidden_layers=1, max_position_embeddings=4096)
+        self.config = PretrainedConfig(num_hidden_layers=1, max_position_embeddings=4096, hidden_size=2)
         self.rule, self.vocab, self.confidence = rule, vocab, confidence
         self.dummy = torch.nn.Parameter(torch.zeros(1))
         self.calls: list[tuple[int, int]] = []
 
-    def forward(self, input_ids, cache, use_cache=True, logits_to_keep=0):
+    def forward(self, input_ids, cache, use_cache=True, logits_to_keep=0, output_hidden_states=False):
         start = cache.get_seq_length()
         n = input_ids.shape[1]
         self.calls.append((start, n))
@@ -91,8 +101,7 @@ class StubLM(torch.nn.Module):
             probs = torch.full((self.vocab,), (1 - c) / (self.vocab - 1))
             probs[self.rule(int(input_ids[0, j]), pos)] = c
             logits[0, j] = probs.log()
-        keep = logits_to_keep or n
-        return type("Out", (), {"logits": logits[:, -keep:]})()
+        return _output(logits, logits_to_keep or n, list(range(start, start + n)), output_hidden_states)
 
 
 class DistStubLM(StubLM):
@@ -102,10 +111,9 @@ class DistStubLM(StubLM):
         super().__init__(rule=lambda t, i: 0, vocab=vocab)
         self.dist = dist
 
-    def forward(self, input_ids, cache, use_cache=True, logits_to_keep=0):
+    def forward(self, input_ids, cache, use_cache=True, logits_to_keep=0, output_hidden_states=False):
         start = cache.get_seq_length()
         n = input_ids.shape[1]
         cache.update(torch.zeros(1, 1, n, 1), torch.zeros(1, 1, n, 1), 0)
         logits = torch.stack([self.dist(start + j).log() for j in range(n)]).unsqueeze(0)
-        keep = logits_to_keep or n
-        return type("Out", (), {"logits": logits[:, -keep:]})()
+        return _output(logits, logits_to_keep or n, list(range(start, start + n)), output_hidden_states)

@@ -54,6 +54,9 @@ class Engine(Protocol):
     @property
     def vocab_size(self) -> int: ...  # width of its logits
 
+    @property
+    def hidden_size(self) -> int: ...  # width of its last layer's states (hidden())
+
     def describe(self) -> dict: ...  # engine name, version, threads, quantization, verification mode
 
 
@@ -91,9 +94,12 @@ def check_compatible(target: Engine, draft: Engine) -> None:
         torch_check(target.model, draft.model)
 
 
-def teacher_forced_logits(engine: Engine, ids: torch.Tensor, n_prompt: int) -> torch.Tensor:
+def teacher_forced(engine: Engine, ids: torch.Tensor, n_prompt: int,
+                   hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(len(ids) - n_prompt, vocab): the model's logits predicting each output token of ids = prompt +
-    output, from one forward without a cache (what the loop sees where every earlier token was accepted)."""
+    output, from one forward without a cache (what the loop sees where every earlier token was accepted),
+    and with `hidden` the last layer's states at the same positions (else None)."""
     engine = as_engine(engine)
-    session = engine.session(ids[:n_prompt], use_cache=False)
-    return session.forward(session.unseen(ids)[:-1], len(ids) - n_prompt)
+    session = engine.session(ids[:n_prompt], use_cache=False, hidden=hidden)
+    logits = session.forward(session.unseen(ids)[:-1], len(ids) - n_prompt)
+    return logits, session.hidden() if hidden else None

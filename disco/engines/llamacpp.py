@@ -209,6 +209,10 @@ class LlamaCppEngine:
     def vocab_size(self) -> int:
         return self._n_vocab
 
+    @property
+    def hidden_size(self) -> int:
+        return int(self._lc.llama_model_n_embd(self._model))
+
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as text (None if absent)."""
         buf = ctypes.create_string_buffer(512)

@@ -214,5 +214,11 @@ class TorchEngine:
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
 
+    @property
+    def hidden_size(self) -> int:
+        cfg = self.model.config
+        cfg = getattr(cfg, "get_text_config", lambda: cfg)()
+        return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model"))
+
     def describe(self) -> dict:
         return {"name": self.name, "version": torch.__version__}
