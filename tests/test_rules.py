@@ -1,0 +1,265 @@
+"""Stopping rules beyond the per-token threshold: AdaEDL and SVIP (hand-computed), the classifier's
+cumulative and cost-aware rules (simulated = live, the cost rule's "do not draft"), the acceptance
+head's artifact, damaged trace shards, and compare's --policies."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from disco.artifact import Calibration, DenseModel, load_artifact, save_artifact
+from disco.classifier import ClassifierPolicy
+from disco.compare import default_entries, select_entries
+from disco.decode import DecodeConfig, speculative_generate
+from disco.errors import DiscoError
+from disco.features import FEATURES, TOKEN_FEATURES
+from disco.policy import AdaEDLPolicy, DraftStep, SVIPPolicy, make_policy
+from disco.simulate import CostModel, prompt_traces, replay_policy, simulate
+from test_cli import cli
+from test_collect import CONFIG, make_prompts, pair32  # noqa: F401 -- the fixture
+from test_simulate import (ProbModel, V, _stub_pair, collected_trace, counts, synthetic_trace)
+
+
+def step_with_entropy(probs: list[float], pos: int = 1) -> DraftStep:
+    p = torch.tensor(probs, dtype=torch.float64)
+    return DraftStep(p.log(), p, torch.tensor(0), pos, pos - 1, torch.tensor([1]), [])
+
+
+# --- AdaEDL and SVIP: hand-computed ----------------------------------------------------------------
+
+def test_svip_stops_when_sqrt_c_entropy_exceeds_h():
+    # H(0.5, 0.5) = ln 2 = 0.693 nats: sqrt(0.15 * 0.693) = 0.322 > 0.3 -> stop
+    # H(0.9, 0.1) = 0.325 nats: sqrt(0.15 * 0.325) = 0.221 <= 0.3 -> go on
+    svip = SVIPPolicy()
+    assert svip.should_stop(step_with_entropy([0.5, 0.5]))
+    assert not svip.should_stop(step_with_entropy([0.9, 0.1]))
+    assert not SVIPPolicy(h=0.33).should_stop(step_with_entropy([0.5, 0.5]))  # 0.322 <= 0.33
+    with pytest.raises(DiscoError, match="SVIP needs"):
+        SVIPPolicy(h=-1)
+
+
+def test_adaedl_bound_and_lambda_update():
+    # bound = 1 - sqrt(0.2 * H): H = ln 2 -> 1 - sqrt(0.1386) = 0.62767; H(0.9, 0.1) -> 1 - 0.2550 = 0.7450
+    assert 1 - math.sqrt(0.2 * math.log(2)) == pytest.approx(0.62767, abs=1e-5)
+    pol = AdaEDLPolicy(lam=0.7, max_window=4)
+    assert pol.should_stop(step_with_entropy([0.5, 0.5]))  # 0.628 < 0.7
+    assert not pol.should_stop(step_with_entropy([0.9, 0.1]))  # 0.745 >= 0.7
+    # Algorithm 1, by hand: AR = 0.5 * 0 + 0.5 * 3/4 = 0.375 < 0.9 -> lambda' = 0.71;
+    # lambda = 0.9 * 0.7 + 0.1 * 0.71 = 0.701
+    pol.update(4, 3)
+    assert pol.ar == pytest.approx(0.375) and pol.lam == pytest.approx(0.701)
+    # AR = 0.5 * 0.375 + 0.5 * 1 = 0.6875 < 0.9 -> up again: 0.9 * 0.701 + 0.1 * 0.711 = 0.702
+    pol.update(2, 2)
+    assert pol.lam == pytest.approx(0.702)
+    # once AR >= alpha: a window shorter than the cap lowers lambda, a full one keeps it
+    pol.ar = 1.0
+    pol.update(2, 2)
+    assert pol.lam == pytest.approx(0.9 * 0.702 + 0.1 * 0.692)
+    lam = pol.lam
+    pol.update(4, 4)
+    assert pol.lam == pytest.approx(lam)
+    fixed = AdaEDLPolicy(lam=0.7, adaptive=False)
+    fixed.update(4, 0)
+    assert fixed.lam == 0.7
+
+
+@pytest.mark.parametrize("name, kw", [("adaedl", {}), ("adaedl", dict(lam=0.5)), ("adaedl", dict(lam=0.8, lam_adaptive=False)),
+                                      ("svip", {}), ("svip", dict(h=0.45))])
+def test_adaedl_and_svip_simulate_exactly_and_losslessly(name, kw):
+    """Position stubs: teacher-forced features equal the live ones, so the counts must agree exactly."""
+    target, draft = _stub_pair()
+    table = torch.zeros(V, dtype=torch.long)
+    stopped_early = 0
+    for i, prompt in enumerate([[i % V] * (1 + i % 3) for i in range(6)]):
+        max_new = 10 + 7 * i
+        df = collected_trace(target, draft, prompt, max_new, table, f"p{i}", max_window=6)
+        sim = simulate(prompt_traces(df, max_new), replay_policy(name, max_window=6, **kw), 6)
+        y = df["target_token"].tolist()
+        real = speculative_generate(target, draft, prompt, make_policy(name, max_window=6, **kw),
+                                    DecodeConfig(max_new, 6))
+        assert real.tokens == y
+        assert counts(sim.stats[0]) == counts(real.stats)
+        stopped_early += sum(w < 6 for w in real.stats.windows[:-1])
+    assert stopped_early > 0  # the rule did stop windows
+
+
+# --- the classifier's rules -------------------------------------------------------------------------
+
+COST = CostModel(0.3, tuple(1.0 + 0.1 * k for k in range(9)))
+
+
+def test_cumulative_rule_stops_when_a_rejection_becomes_likely():
+    model = ProbModel(lambda f: 0.8)
+    pol = ClassifierPolicy(model, 0.5, rule="cumulative")
+    pol.start()
+    # P(all accepted) = 0.8, 0.64, 0.512, 0.41: 1 - that passes 0.5 at the 4th token
+    assert [pol.stops(0.8) for _ in range(4)] == [False, False, False, True]
+    tokens = ClassifierPolicy(model, 0.75, rule="token")
+    assert not any(tokens.stops(0.8) for _ in range(6))  # the per-token rule never stops at p = 0.8
+
+
+def test_cost_rule_by_hand():
+    # c_d = 0.3, c_t(k) = 1 + 0.1 (k - 1); rate to beat rho = r / c_t(1) = r.
+    pol = ClassifierPolicy(ProbModel(lambda f: 0.5), 1.0, rule="cost", cost=COST)
+    assert pol.drafts()  # a perfectly accepted window gains m tokens for 0.4 m: pays at r = 1
+    pol.start()
+    # after one token at p = 0.9: S = 0.9; one more gains 0.81 for 0.3 + 0.1 = 0.4: go on
+    assert not pol.stops(0.9)
+    # after a token at p = 0.2: S = 0.18; more gains 0.036, 0.0432, ... < 0.4 m: stop
+    assert pol.stops(0.2)
+    # at r = 3 one more token at p = 0.9 (gain 0.81) costs 3 * 0.4 = 1.2, two gain 1.54 for 2.4, ...: stop
+    greedy = ClassifierPolicy(ProbModel(lambda f: 0.5), 3.0, rule="cost", cost=COST)
+    greedy.start()
+    assert greedy.stops(0.9)
+    # an engine where no window pays even when all is accepted: the rule does not draft at all
+    dear = CostModel(0.5, tuple(1.0 + 0.9 * k for k in range(9)))
+    assert not ClassifierPolicy(ProbModel(lambda f: 1.0), 1.0, rule="cost", cost=dear).drafts()
+
+
+@pytest.mark.parametrize("rule, setting, cost", [("cumulative", 0.6, COST), ("cumulative", 0.3, COST),
+                                                  ("cost", 1.0, COST), ("cost", 1.6, COST),
+                                                  ("cost", 1.0, CostModel(0.5, tuple(1.0 + 0.9 * k for k in range(9))))])
+def test_classifier_rules_simulate_exactly_and_losslessly(rule, setting, cost):
+    target, draft = _stub_pair()
+    table = torch.zeros(V, dtype=torch.long)
+    model = ProbModel(lambda f: min(0.99, f["p_chosen"] * (0.8 + 0.2 * f["last_target_p"])))
+    drafted = 0
+    for i, prompt in enumerate([[i % V] * (1 + i % 3) for i in range(5)]):
+        max_new = 12 + 5 * i
+        df = collected_trace(target, draft, prompt, max_new, table, f"p{i}", max_window=6)
+        sim = simulate(prompt_traces(df, max_new), replay_policy("classifier", threshold=setting, model=model,
+                                                                  rule=rule, cost=cost), 6)
+        live = ClassifierPolicy(model, setting, table, rule, cost)
+        real = speculative_generate(target, draft, prompt, live, DecodeConfig(max_new, 6))
+        assert real.tokens == df["target_token"].tolist()
+        assert counts(sim.stats[0]) == counts(real.stats)
+        drafted += real.stats.drafted
+    assert (drafted == 0) == (cost.c_d == 0.5)  # the dear engine: target-only decoding, nothing drafted
+
+
+def test_target_signals_reach_the_classifier_as_the_loop_sees_them():
+    """The simulated classifier reads last_* features computed from the trace's signal columns; the
+    live one from the loop's verification: the decisions (hence counts) agree only if they are equal."""
+    target, draft = _stub_pair()
+    table = torch.zeros(V, dtype=torch.long)
+    model = ProbModel(lambda f: 0.95 if f["last_rejected"] == 0 and f["last_target_entropy"] < 1.0 else 0.3)
+    df = collected_trace(target, draft, [1, 2], 40, table, "p", max_window=6)
+    sim = simulate(prompt_traces(df, 40), replay_policy("classifier", threshold=0.5, model=model), 6)
+    real = speculative_generate(target, draft, [1, 2], ClassifierPolicy(model, 0.5, table), DecodeConfig(40, 6))
+    assert counts(sim.stats[0]) == counts(real.stats)
+    seen = {(r["last_rejected"], round(r["last_target_p"], 5)) for r in model.seen}
+    assert len(seen) > 2  # the signals changed between windows
+
+
+# --- the acceptance head: a safetensors artifact ------------------------------------------------
+
+PAIR = {"target": "/models/tiny-target", "draft": "/models/tiny-draft", "tokenizer_hash": "abc"}
+
+
+class DraftPair:
+    def __init__(self, hidden: int):
+        self.draft_hidden_size = hidden
+
+    def describe(self):
+        return dict(PAIR)
+
+
+def _head(hidden_dim: int = 4) -> DenseModel:
+    rng = np.random.default_rng(0)
+    cols = [FEATURES.index("p_chosen"), FEATURES.index("last_target_p")]
+    n_in = len(cols) + hidden_dim
+    return DenseModel("head", rng.normal(size=n_in), rng.random(n_in) + 0.5,
+                      [(rng.normal(size=(n_in, 8)), rng.normal(size=8)), (rng.normal(size=(8, 1)), rng.normal(size=1))],
+                      "relu", cols, hidden_dim)
+
+
+def test_head_artifact_round_trip_and_refusals(tmp_path):
+    head = _head()
+    folder = save_artifact(tmp_path / "h", head, {"threshold": 0.5, "pair": PAIR, "calibration": {"a": 1.2, "b": -0.1},
+                                                  "hidden": {"dim": 4, "stored_dim": 4, "projection_seed": None}})
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "model.safetensors"]
+    art = load_artifact(folder, expect_pair=DraftPair(4))
+    X = np.random.default_rng(1).random((7, len(FEATURES) + 4))
+    assert art.hidden_dim == 4 and art.kind == "head"
+    assert np.allclose(art.predict_proba(X), Calibration(1.2, -0.1)(head.predict_proba(X)))
+    live = art.torch_predictor("cpu")
+    assert np.allclose([float(live(torch.tensor(row, dtype=torch.float32))) for row in X], art.predict_proba(X), atol=1e-5)
+    policy = ClassifierPolicy(art, 0.5)
+    assert policy.needs_hidden
+    with pytest.raises(DiscoError, match="reads the draft's hidden state"):
+        policy.features(torch.zeros(len(TOKEN_FEATURES)), 1)
+    # a pair whose draft is wider than the one the head was trained on
+    with pytest.raises(DiscoError, match="hidden state of 4 dims, but this pair's draft has 8"):
+        load_artifact(folder, expect_pair=DraftPair(8))
+    # a feature list it cannot read
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "columns": ["p_chosen", "target_mood"]}))
+    with pytest.raises(DiscoError, match="does not compute"):
+        load_artifact(folder)
+    # the file is plain tensors: nothing in it can run code, and a tampered one is refused
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(DiscoError, match="modified after training"):
+        load_artifact(folder)
+
+
+def test_wide_hidden_states_are_projected_with_the_recorded_seed():
+    from disco.collect import encode_hidden
+    from disco.features import HIDDEN_MAX_DIM, HIDDEN_PROJECTED_DIM, hidden_info, hidden_projection
+
+    states = torch.randn(3, HIDDEN_MAX_DIM + 8)
+    stored = [np.frombuffer(b, np.float16) for b in encode_hidden(states)]
+    assert all(len(s) == HIDDEN_PROJECTED_DIM for s in stored)
+    info = hidden_info(HIDDEN_MAX_DIM + 8)
+    proj = hidden_projection(info["dim"], info["projection_seed"])  # what the live policy rebuilds
+    np.testing.assert_allclose(stored[0], (states[0] @ proj).numpy(), rtol=1e-2, atol=1e-2)
+    assert hidden_projection(896) is None and hidden_info(896)["stored_dim"] == 896
+
+
+# --- damaged shards ---------------------------------------------------------------------------------
+
+def test_damaged_shard_is_a_one_line_error_and_collect_redoes_it(pair32, tmp_path, capsys):  # noqa: F811
+    from disco.collect import collect, load_traces
+
+    out = tmp_path / "t"
+    collect(pair32, make_prompts(6), out, CONFIG, shard_prompts=2, progress=False)
+    shards = sorted((out / "data").glob("*.parquet"))
+    whole = load_traces(out)
+    shards[1].write_bytes(shards[1].read_bytes()[:200])  # a copy cut short
+    code, _, err = cli(capsys, "train", "--traces", out, "--out", tmp_path / "m")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert str(shards[1]) in err and "damaged" in err and "rerun the disco collect" in err
+    stats = collect(pair32, make_prompts(6), out, CONFIG, shard_prompts=2, progress=False)
+    assert stats.prompts_traced == 2 and stats.prompts_skipped == 4  # exactly that shard's prompts
+    assert "set aside" in capsys.readouterr().err
+    again = load_traces(out)
+    assert again.equals(whole)
+
+
+# --- compare --policies -----------------------------------------------------------------------------
+
+def test_policies_selects_rows():
+    entries = default_entries("models/x", 3, 0.5, engine="torch", tuned={"adaedl_lambda": 0.6, "svip_h": 0.4,
+                                                                         "rules": {"token": 0.9, "cost": 1.2}})
+    labels = [e.label for e in entries]
+    for want in ("adaedl λ0=0.9", "adaedl λ0=0.6 (tuned)", "svip h=0.3", "svip h=0.4 (tuned)", "classifier",
+                 "classifier token rule 0.9 (tuned)", "classifier cost rule 1.2 (tuned)", "transformers"):
+        assert want in labels, want
+    chosen = select_entries(entries, "classifier,svip")
+    assert {e.spec.name for e in chosen} == {"classifier", "svip"} and len(chosen) == 5
+    assert [e.label for e in select_entries(entries, "transformers")] == ["transformers"]
+    assert select_entries(entries, None) == entries
+    with pytest.raises(DiscoError, match="unknown clasifier"):
+        select_entries(entries, "clasifier")
+
+
+def test_adaedl_and_svip_replay_on_a_hand_made_trace():
+    trace = prompt_traces(synthetic_trace("a", [1, 1, 0, 1, 1, 1]))
+    for name in ("adaedl", "svip"):
+        assert simulate(trace, replay_policy(name), 4).totals.new_tokens == 6
