@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from disco.errors import DiscoError
-from disco.features import WindowState, token_features
+from disco.features import FEATURES, TARGET_SIGNALS, WindowState, token_features
 from disco.policy import PolicyBase, Signals
 
 RULES = ("token", "cumulative", "cost")
@@ -70,6 +70,9 @@ class ClassifierPolicy(PolicyBase):
         self.token_classes = token_classes  # (vocab,) class index per token, on the draft's device (live only)
         self.project = project  # (hidden, stored) projection of wide hidden states (features.hidden_projection)
         self.needs_hidden = getattr(model, "hidden_dim", 0) > 0
+        # the target-side signals cost a softmax over the vocabulary per window: only for a model that reads them
+        columns = getattr(model, "columns", None)
+        self.reads_signals = columns is None or any(FEATURES.index(f) in columns for f in TARGET_SIGNALS)
         self.window = WindowState()
         self._survive, self._pos = 1.0, 0  # the window so far (cumulative and cost rules)
         self._predict: Callable[[torch.Tensor], torch.Tensor] | None = None  # built on the first live step
@@ -166,4 +169,4 @@ class ClassifierPolicy(PolicyBase):
         return self.stops(float(self._predict(feats)))  # the one host sync of this draft token
 
     def update(self, n_drafted: int, n_accepted: int, signals: Signals | None = None) -> None:
-        self.window.end(n_drafted, n_accepted, signals() if signals is not None else None)
+        self.window.end(n_drafted, n_accepted, signals() if signals is not None and self.reads_signals else None)

@@ -54,7 +54,7 @@ class GenStats:
     accepted: int = 0  # draft tokens the target accepted
     windows: list[int] = field(default_factory=list)  # drafted tokens per round
     accepted_per_window: list[int] = field(default_factory=list)  # accepted tokens per round
-    prefill_s: float = 0.0  # prompt prefill (and encoding, for encoder-decoders), both models
+    prefill_s: float = 0.0  # the target's prompt prefill (and encoding); the draft's runs at its first window
     # tokens re-run because a KV cache could not be rolled back (crop failed); 0 when rollback is a crop
     recomputed_tokens: int = 0
     wall_s: float = 0.0  # the whole call, prefill included
@@ -167,11 +167,9 @@ def speculative_generate(
     if max_window > 0:
         check_compatible(target, draft)
     t_state = target.session(ids)
+    t_state.prefill()  # everything but the pending (last) token
     want_hidden = max_window > 0 and policy.needs_hidden
-    d_state = draft.session(ids, hidden=want_hidden) if max_window > 0 else None
-    for state in (t_state, d_state):
-        if state is not None:
-            state.prefill()  # everything but the pending (last) token
+    d_state = None  # the draft's session opens (and prefills) at its first window: a policy may never draft
     _sync(device)
     stats.prefill_s = time.perf_counter() - t0
     n_prompt = len(prompt_ids)
@@ -183,6 +181,9 @@ def speculative_generate(
         drafted: list[torch.Tensor] = []
         q_rows: list[torch.Tensor] = []
         if k_max > 0 and policy.drafts():
+            if d_state is None:
+                d_state = draft.session(ids[:n_prompt], hidden=want_hidden)
+                d_state.prefill()
             policy.start()
             feed = d_state.unseen(ids)
             for pos in range(1, k_max + 1):

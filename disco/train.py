@@ -60,7 +60,7 @@ THRESHOLD_GRID: tuple[float, ...] = tuple(sorted({round(0.05 * i, 2) for i in ra
 # units of target-only decoding's, for the cost rule; lambda and h for AdaEDL and SVIP.
 RULE_GRIDS: dict[str, tuple[float, ...]] = {
     "token": THRESHOLD_GRID,
-    "cumulative": tuple(round(0.05 * i, 2) for i in range(1, 20)) + (0.97, 0.99),
+    "cumulative": (0.01, 0.02, 0.03) + tuple(round(0.05 * i, 2) for i in range(1, 20)) + (0.97, 0.99),
     "cost": tuple(round(1.0 + 0.1 * i, 1) for i in range(21)),
 }
 ADAEDL_GRID = tuple(round(0.05 * i, 2) for i in range(4, 20))
