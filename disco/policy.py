@@ -18,8 +18,8 @@ decides to stop early. A policy that needs the draft's probabilities reads them 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import torch
