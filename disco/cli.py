@@ -112,6 +112,9 @@ def generate(
         text = pair.decode(res.tokens)
         typer.echo(text if len(items) == 1 else f"--- {item.id}\n{text}")
         _say(f"[{spec.name}] {res.stats.summary()}")
+        if spec.name == "classifier" and res.stats.draft_forwards == 0 and res.stats.new_tokens > 1:
+            _say("[classifier] drafted nothing: the artifact's cost rule found that no draft window pays under the "
+                 "cost model it was trained with (its metrics.md); on other hardware, `disco profile` and retrain")
         records.append({"id": item.id, "task": item.task, "policy": spec.name, "text": text,
                         "token_ids": res.tokens, "stats": res.stats.to_dict()})
     if json_out is not None:
