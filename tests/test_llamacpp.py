@@ -290,3 +290,37 @@ def test_hidden_states_match_the_torch_engine(files, pair):
     plain.prefill()
     plain.forward(ids[5:12], 4)
     assert plain.hidden() is None  # only on request: it costs an extra output
+
+
+def test_trace_hidden_states_and_signals_equal_the_live_loop_on_llamacpp(pair):
+    """On llama.cpp too, the collector's teacher-forced draft pass gives the hidden states the live loop
+    hands a policy (DraftStep.hidden), and the trace's window features (target-side signals included)
+    equal what the policy computes live, at every position the oracle drafts."""
+    import numpy as np
+
+    from disco.collect import teacher_forced_trace
+    from disco.features import FEATURES
+    from disco.trace import HIDDEN_COLUMN
+    from test_collect import RecordingOracle
+
+    classes = pair.token_classes()
+    config = DecodeConfig(max_new_tokens=24, max_window=6)
+    checked = 0
+    for text in PROMPTS:
+        ids = _ids(pair, text)
+        y = target_generate(pair.target, ids, config, pair.eos_token_ids).tokens
+        policy = RecordingOracle(y, classes)
+        live = speculative_generate(pair.target, pair.draft, ids, policy, config, pair.eos_token_ids)
+        assert live.tokens == y
+        df = teacher_forced_trace(pair, ids, y, config, classes, "p", "t").to_pandas()
+        ours = df[df["oracle_drafted"]]
+        assert ours["gen_pos"].tolist() == [r["gen_pos"] for r in policy.rows]
+        if not policy.rows:
+            continue
+        np.testing.assert_allclose(ours[list(FEATURES)].to_numpy(np.float64),
+                                   np.stack([r["features"] for r in policy.rows]), rtol=1e-4, atol=1e-5)
+        stored = np.stack([np.frombuffer(b, np.float16) for b in ours[HIDDEN_COLUMN]]).astype(np.float32)
+        live_h = np.stack([r["hidden"] for r in policy.rows])
+        np.testing.assert_allclose(stored, live_h, rtol=2e-3, atol=2e-3 * np.abs(live_h).max())
+        checked += len(policy.rows)
+    assert checked > 0
