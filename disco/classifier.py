@@ -19,6 +19,11 @@ Rules (`rule`, with the tuned `threshold` as its parameter):
               cost(m) = m * c_d + c_t(m + 1); and before a window, draft at all only when a perfectly
               accepted window of some length would pay at that rate (else: a target-only step).
               r = 1 is target-only decoding's rate; the tuned r is the long-run rate to beat.
+  cost-adaptive  the cost rule, but the "draft at all" decision forecasts every token accepted at f, a
+              running estimate of per-token acceptance (accepted / judged tokens of recent windows,
+              starting at 1; each skipped round moves it a quarter of the way back to 1, so a prompt
+              where drafting stopped paying is probed again), and drafts when such a window beats
+              target-only decoding: per prompt, it drafts where drafting pays.
 
 The one difference between live and simulated decisions: live, a logistic/MLP model runs in float32
 on the draft's device, while the simulator batches in float64 on the host, so a decision can differ
@@ -38,8 +43,10 @@ from disco.errors import DiscoError
 from disco.features import FEATURES, TARGET_SIGNALS, WindowState, token_features
 from disco.policy import PolicyBase, Signals
 
-RULES = ("token", "cumulative", "cost")
+RULES = ("token", "cumulative", "cost", "cost-adaptive")
 DEFAULT_RULE = "token"
+FORECAST_KEEP = 0.5  # cost-adaptive: weight of the old acceptance estimate after each window
+FORECAST_RELAX = 0.25  # cost-adaptive: share of the way back to 1 the estimate moves per skipped round
 
 
 class Predictor(Protocol):
@@ -59,9 +66,10 @@ class ClassifierPolicy(PolicyBase):
                  rule: str = DEFAULT_RULE, cost=None, project: torch.Tensor | None = None) -> None:
         if rule not in RULES:
             raise DiscoError(f"unknown classifier rule {rule!r}: choose one of {', '.join(RULES)}")
-        if rule != "cost" and not 0.0 <= threshold <= 1.0:
+        costly = rule.startswith("cost")
+        if not costly and not 0.0 <= threshold <= 1.0:
             raise DiscoError(f"the classifier threshold must be within [0, 1] (got {threshold})")
-        if rule == "cost" and cost is None:
+        if costly and cost is None:
             raise DiscoError("the cost rule needs the pair's cost model (a disco profile)")
         self.model = model
         self.threshold = threshold
@@ -75,6 +83,7 @@ class ClassifierPolicy(PolicyBase):
         self.reads_signals = columns is None or any(FEATURES.index(f) in columns for f in TARGET_SIGNALS)
         self.window = WindowState()
         self._survive, self._pos = 1.0, 0  # the window so far (cumulative and cost rules)
+        self._forecast = 1.0  # cost-adaptive: running per-token acceptance, for the "draft at all" decision
         self._predict: Callable[[torch.Tensor], torch.Tensor] | None = None  # built on the first live step
 
     @classmethod
@@ -149,10 +158,18 @@ class ClassifierPolicy(PolicyBase):
     # --- StoppingPolicy ------------------------------------------------------------------------
 
     def drafts(self) -> bool:
-        if self.rule != "cost":
-            return True
-        c, rho = self.cost, self._rate()  # a perfectly accepted window of m tokens gains m over target-only
-        return any(m > rho * (m * c.c_d + c.c_t[m] - c.c_t[0]) for m in range(1, len(c.c_t)))
+        if self.rule == "cost":  # a perfectly accepted window of m tokens gains m over target-only
+            c, rho = self.cost, self._rate()
+            return any(m > rho * (m * c.c_d + c.c_t[m] - c.c_t[0]) for m in range(1, len(c.c_t)))
+        if self.rule == "cost-adaptive":  # a window accepted at the forecast f beats target-only decoding
+            c, f, gain = self.cost, self._forecast, 0.0
+            for m in range(1, len(c.c_t)):
+                gain += f ** m
+                if gain * c.c_t[0] > m * c.c_d + c.c_t[m] - c.c_t[0]:
+                    return True
+            self._forecast += (1.0 - f) * FORECAST_RELAX
+            return False
+        return True
 
     def start(self) -> None:
         self.window.start()
@@ -170,3 +187,6 @@ class ClassifierPolicy(PolicyBase):
 
     def update(self, n_drafted: int, n_accepted: int, signals: Signals | None = None) -> None:
         self.window.end(n_drafted, n_accepted, signals() if signals is not None and self.reads_signals else None)
+        if n_drafted > 0:  # judged tokens: the accepted ones and the first rejected one
+            judged = n_accepted + (n_accepted < n_drafted)
+            self._forecast = FORECAST_KEEP * self._forecast + (1 - FORECAST_KEEP) * n_accepted / judged

@@ -67,7 +67,7 @@ def generate(
     svip_h: float = typer.Option(SVIP_H, help="svip: stop when sqrt(0.15 * draft entropy) exceeds this."),
     classifier: Optional[str] = typer.Option(None, help="classifier: the trained artifact folder (disco train --out)."),
     classifier_threshold: Optional[float] = typer.Option(None, help="classifier: override the tuned setting of its rule."),
-    classifier_rule: Optional[str] = typer.Option(None, help="classifier: run this rule (token, cumulative, cost) "
+    classifier_rule: Optional[str] = typer.Option(None, help="classifier: run this rule (token, cumulative, cost, cost-adaptive) "
                                                   "at its tuned setting instead of the one disco train chose."),
     trust_pickle: bool = typer.Option(False, help="classifier: allow a joblib/pickle artifact (it can run code)."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),

@@ -62,6 +62,7 @@ RULE_GRIDS: dict[str, tuple[float, ...]] = {
     "token": THRESHOLD_GRID,
     "cumulative": (0.01, 0.02, 0.03) + tuple(round(0.05 * i, 2) for i in range(1, 20)) + (0.97, 0.99),
     "cost": tuple(round(1.0 + 0.1 * i, 1) for i in range(21)),
+    "cost-adaptive": tuple(round(1.0 + 0.1 * i, 1) for i in range(21)),
 }
 ADAEDL_GRID = tuple(round(0.05 * i, 2) for i in range(4, 20))
 SVIP_GRID = tuple(round(0.05 * i, 2) for i in range(1, 17))

@@ -122,6 +122,8 @@ def test_cost_rule_by_hand():
 
 @pytest.mark.parametrize("rule, setting, cost", [("cumulative", 0.6, COST), ("cumulative", 0.3, COST),
                                                   ("cost", 1.0, COST), ("cost", 1.6, COST),
+                                                  ("cost-adaptive", 1.0, CostModel(0.3, tuple(1.0 + 0.3 * k for k in range(9)))),
+                                                  ("cost-adaptive", 1.0, CostModel(0.5, tuple(1.0 + 0.9 * k for k in range(9)))),
                                                   ("cost", 1.0, CostModel(0.5, tuple(1.0 + 0.9 * k for k in range(9))))])
 def test_classifier_rules_simulate_exactly_and_losslessly(rule, setting, cost):
     target, draft = _stub_pair()
@@ -139,6 +141,24 @@ def test_classifier_rules_simulate_exactly_and_losslessly(rule, setting, cost):
         assert counts(sim.stats[0]) == counts(real.stats)
         drafted += real.stats.drafted
     assert (drafted == 0) == (cost.c_d == 0.5)  # the dear engine: target-only decoding, nothing drafted
+
+
+def test_cost_adaptive_rule_skips_where_acceptance_is_low_and_probes_again():
+    # c_d = 0.3, c_t(k) = 1 + 0.3 (k - 1): a window of m tokens pays over target-only decoding when
+    # sum_{l<=m} f^l > 0.6 m, i.e. only when tokens are accepted with f > ~0.6
+    dear = CostModel(0.3, tuple(1.0 + 0.3 * k for k in range(9)))
+    pol = ClassifierPolicy(ProbModel(lambda f: 0.5), 1.0, rule="cost-adaptive", cost=dear)
+    assert pol.drafts()  # f = 1 at first
+    pol.update(4, 0)  # nothing accepted: f = 0.5 * 1 + 0.5 * 0 = 0.5
+    assert pol._forecast == pytest.approx(0.5)
+    assert not pol.drafts()  # skipped: f moves a quarter of the way back to 1
+    assert pol._forecast == pytest.approx(0.625)
+    assert pol.drafts()  # 0.625 + 0.39 > 0.6 * 2 ... a window pays again: probe
+    pol.update(3, 3)  # all accepted: f = 0.5 * 0.625 + 0.5 * 1
+    assert pol._forecast == pytest.approx(0.8125)
+    static = ClassifierPolicy(ProbModel(lambda f: 0.5), 1.0, rule="cost", cost=dear)
+    static.update(4, 0)
+    assert static.drafts()  # the static rule asks only whether a perfectly accepted window would pay
 
 
 def test_target_signals_reach_the_classifier_as_the_loop_sees_them():

@@ -299,7 +299,7 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
     df = read_traces([tmp_path / "traces"])[0].rows
     val = set(report.split["val_prompt_ids"])
     # every rule, at a setting where it stops inside windows: lossless live, and the simulator's counts
-    for rule, setting in (("token", 0.5), ("cumulative", 0.5), ("cost", 1.3)):
+    for rule, setting in (("token", 0.5), ("cumulative", 0.5), ("cost", 1.3), ("cost-adaptive", 1.3)):
         policy = ClassifierPolicy(art, setting, pair.token_classes(), rule, art.cost_model() or CostModel.default(6),
                                   art.projection())
         exact = 0
