@@ -285,7 +285,7 @@ class Artifact:
         from disco.simulate import CostModel
 
         c = self.manifest.get("cost_model")
-        return CostModel(float(c["c_d"]), tuple(float(x) for x in c["c_t"]), str(c.get("source", "artifact"))) if c else None
+        return CostModel.from_dict(c, str(c.get("source", "artifact"))) if c else None
 
     def projection(self) -> torch.Tensor | None:
         """The fixed projection of the draft's hidden state a head was trained on (None: stored as is)."""
@@ -296,13 +296,12 @@ class Artifact:
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """(n, F [+ H]) or (F [+ H],) -> (n,) calibrated probability that the target accepts the token."""
-        return self.calibration(self.model.predict_proba(X))
+        return Calibrated(self.model, self.calibration).predict_proba(X)
 
     def torch_predictor(self, device: torch.device | str) -> Callable[[torch.Tensor], torch.Tensor]:
         """A callable on a (F [+ H],) feature tensor returning a 0-dim calibrated P(accept): on `device`
         for logistic/MLP/head, via the host for LightGBM."""
-        inner = self.model.torch_predictor(torch.device(device))
-        return lambda x: self.calibration(inner(x))
+        return Calibrated(self.model, self.calibration).torch_predictor(torch.device(device))
 
 
 def versions() -> dict[str, str]:

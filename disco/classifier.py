@@ -127,6 +127,7 @@ class ClassifierPolicy(PolicyBase):
         if hidden is None:
             raise DiscoError("this classifier reads the draft's hidden state, which the draft engine did not give")
         h = hidden.float()
+        # live: the engine's raw state, projected here; simulated: the trace stores it already projected
         if self.project is not None and h.shape[-1] == self.project.shape[0]:
             h = h @ self.project.to(h.device)
         return torch.cat([feats, h.to(feats.device)])
@@ -138,19 +139,20 @@ class ClassifierPolicy(PolicyBase):
             return p_accept < self.threshold
         if self.rule == "cumulative":
             return 1.0 - self._survive > self.threshold
-        return not self._longer_pays(p_accept)
+        return not self._pays(self._pos, self._survive, p_accept, self._rate())
 
     def _rate(self) -> float:
         return self.threshold / self.cost.c_t[0]  # tokens per unit time to beat
 
-    def _longer_pays(self, forecast: float) -> bool:
-        """Cost rule: does some longer window gain more expected tokens than it costs at the tuned rate?"""
-        c, i, rho = self.cost, self._pos, self._rate()
+    def _pays(self, i: int, survive: float, forecast: float, rho: float) -> bool:
+        """Does some window longer than i tokens (the next tokens accepted at `forecast` each, the i so
+        far with probability `survive`) gain more expected tokens than its extra cost at rate rho?"""
+        c = self.cost
         base = i * c.c_d + c.c_t[min(i, len(c.c_t) - 1)]
         gain, a = 0.0, 1.0
         for m in range(i + 1, len(c.c_t)):
             a *= forecast
-            gain += self._survive * a
+            gain += survive * a
             if gain > rho * (m * c.c_d + c.c_t[m] - base):
                 return True
         return False
@@ -158,16 +160,12 @@ class ClassifierPolicy(PolicyBase):
     # --- StoppingPolicy ------------------------------------------------------------------------
 
     def drafts(self) -> bool:
-        if self.rule == "cost":  # a perfectly accepted window of m tokens gains m over target-only
-            c, rho = self.cost, self._rate()
-            return any(m > rho * (m * c.c_d + c.c_t[m] - c.c_t[0]) for m in range(1, len(c.c_t)))
-        if self.rule == "cost-adaptive":  # a window accepted at the forecast f beats target-only decoding
-            c, f, gain = self.cost, self._forecast, 0.0
-            for m in range(1, len(c.c_t)):
-                gain += f ** m
-                if gain * c.c_t[0] > m * c.c_d + c.c_t[m] - c.c_t[0]:
-                    return True
-            self._forecast += (1.0 - f) * FORECAST_RELAX
+        if self.rule == "cost":  # would a perfectly accepted window pay at the tuned rate?
+            return self._pays(0, 1.0, 1.0, self._rate())
+        if self.rule == "cost-adaptive":  # would a window accepted at the forecast beat target-only decoding?
+            if self._pays(0, 1.0, self._forecast, 1.0 / self.cost.c_t[0]):
+                return True
+            self._forecast += (1.0 - self._forecast) * FORECAST_RELAX
             return False
         return True
 

@@ -46,7 +46,8 @@ import disco
 from disco.decode import DecodeConfig, target_generate
 from disco.engines.base import numeric_identity, teacher_forced
 from disco.errors import DiscoError
-from disco.features import FEATURES, WindowState, hidden_info, hidden_projection, token_class_table, token_features
+from disco.features import (FEATURES, WindowState, entropy, hidden_info, hidden_projection, token_class_table,
+                            token_features)
 from disco.files import atomic_write_json
 from disco.pair import Pair
 from disco.prompts import Prompt
@@ -128,7 +129,7 @@ def teacher_forced_trace(
     target_prob = p[:, :vocab].gather(-1, draft_tok[:, None].clamp_max(vocab - 1))[:, 0]
     overlap = torch.minimum(p[:, :vocab], q[:, :vocab]).sum(-1)  # 1 - TV(p, q)
     target_top1 = p.max(-1).values
-    target_entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
+    target_entropy = entropy(p)
     draft_prob_target = torch.where(y_ids < q.shape[-1], q.gather(-1, y_ids[:, None].clamp_max(q.shape[-1] - 1))[:, 0], 0.0)
 
     # Token features: the function the live policy calls, with the context the oracle loop has

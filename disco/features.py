@@ -115,6 +115,13 @@ def top_probs(probs: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
     return chunks[chunks.amax(1).topk(k).indices].flatten().topk(k).values
 
 
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) over the last dimension: the one definition the live loop, the policies and the
+    collector share."""
+    probs = probs.float()
+    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+
+
 def token_features(
     probs: torch.Tensor, token: torch.Tensor, gen_pos: int, context: torch.Tensor, token_classes: torch.Tensor
 ) -> torch.Tensor:
@@ -123,11 +130,10 @@ def token_features(
     probs: the draft distribution the token was chosen from; context: the tokens before it."""
     probs = probs.float()
     top = top_probs(probs)
-    entropy = -(probs * probs.clamp_min(1e-30).log()).sum()
     klass = torch.nn.functional.one_hot(token_classes[token], len(TOKEN_CLASSES)).float()
     return torch.cat([
         top,
-        torch.stack([entropy, top[0] - top[1], probs[token], torch.tensor(float(gen_pos), device=probs.device)]),
+        torch.stack([entropy(probs), top[0] - top[1], probs[token], torch.tensor(float(gen_pos), device=probs.device)]),
         copy_flags(context, token),
         klass,
     ])
@@ -153,12 +159,10 @@ def target_signals(target_probs: torch.Tensor, token: torch.Tensor | int,
                    draft_probs: torch.Tensor | None) -> TargetSignals:
     """TargetSignals from the target's distribution at the position of its token, and the draft's
     distribution there when the draft had proposed another token (a rejection); None: a bonus token."""
-    p = target_probs.float()
-    tp = float(p[token])
-    entropy = float(-(p * p.clamp_min(1e-30).log()).sum())
+    tp, h = float(target_probs[token]), float(entropy(target_probs))
     if draft_probs is None:
-        return TargetSignals(False, tp, entropy, 0.0)
-    return TargetSignals(True, tp, entropy, tp - float(draft_probs[token]))
+        return TargetSignals(False, tp, h, 0.0)
+    return TargetSignals(True, tp, h, tp - float(draft_probs[token]))
 
 
 def window_features(window_pos: int, window_prob_prod: torch.Tensor | float, prev_accepted: int,

@@ -25,7 +25,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from disco.errors import DiscoError
-from disco.features import TargetSignals
+from disco.features import TargetSignals, entropy
 
 # transformers >= 4.45: assistant_confidence_threshold = 0.4, num_assistant_tokens = 20.
 DEFAULT_THRESHOLD = 0.4
@@ -55,8 +55,7 @@ class DraftStep:
 
     def entropy(self) -> float:
         """Entropy (nats) of the draft distribution the token was drawn from (a host sync)."""
-        p = self.probs.float()
-        return float(-(p * p.clamp_min(1e-30).log()).sum())
+        return float(entropy(self.probs))
 
 
 Signals = Callable[[], TargetSignals]  # what the target said at the end of a window, computed on demand

@@ -100,12 +100,16 @@ class CostModel:
         """Read the JSON written by `disco profile`."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
-            return cls(float(data["c_d"]), tuple(float(x) for x in data["c_t"]), str(path))
+            return cls.from_dict(json.loads(path.read_text()), str(path))
         except FileNotFoundError:
             raise DiscoError(f"profile not found: {path} (make one with: disco profile)") from None
         except (ValueError, KeyError, TypeError) as e:
             raise DiscoError(f"{path} is not a disco profile (need numbers c_d and a list c_t): {e}") from None
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str) -> CostModel:
+        """From the {c_d, c_t} of a profile file or an artifact's manifest, named `source`."""
+        return cls(float(data["c_d"]), tuple(float(x) for x in data["c_t"]), source)
 
     def to_dict(self) -> dict:
         return {"c_d": self.c_d, "c_t": list(self.c_t), "source": self.source}
