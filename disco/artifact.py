@@ -271,6 +271,22 @@ class Artifact:
         return self.manifest.get("choice") or {"policy": "classifier", "setting": self.threshold}
 
     @property
+    def sampling(self) -> dict:
+        """The decoding it was trained and tuned for: {temperature, top_p} (older artifacts: greedy)."""
+        return {"temperature": 0.0, "top_p": 1.0, **(self.manifest.get("sampling") or {})}
+
+    def check_sampling(self, temperature: float, top_p: float) -> None:
+        """Warn (not refuse: it still decodes losslessly) when used at another temperature or top-p than
+        it was tuned for: acceptance, hence the best stopping point, depends on them."""
+        s = self.sampling
+        if (s["temperature"], s["top_p"] if s["temperature"] > 0 else 1.0) != (temperature, top_p if temperature > 0 else 1.0):
+            trained = "greedy decoding" if s["temperature"] == 0 else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}"
+            running = "greedy decoding" if temperature == 0 else f"temperature {temperature:g}, top-p {top_p:g}"
+            warnings.warn(f"{self.path} was trained for {trained} but runs at {running}: its setting was tuned for "
+                          "the other; collect and train at this setting (disco collect --temperature) for the best "
+                          "policy", SamplingMismatch, stacklevel=3)
+
+    @property
     def rule_settings(self) -> dict[str, float]:
         """Each rule's tuned setting for this model ({rule: setting}), as `disco train` recorded them."""
         return {k: float(v) for k, v in (self.manifest.get("tuned", {}).get("rules") or {}).items()}
@@ -399,6 +415,10 @@ def _check_pair(manifest: dict, expect_pair, path: Path) -> None:
 
 class EngineMismatch(UserWarning):
     """A classifier used on another engine than the one its traces came from."""
+
+
+class SamplingMismatch(UserWarning):
+    """A classifier used at another temperature or top-p than the one its traces were sampled at."""
 
 
 def engine_label(pair_info: dict) -> str:

@@ -88,16 +88,19 @@ class ClassifierPolicy(PolicyBase):
 
     @classmethod
     def for_pair(cls, artifact, pair, threshold: float | None = None, trust_pickle: bool = False,
-                 rule: str | None = None):
+                 rule: str | None = None, sampling: tuple[float, float] | None = None):
         """The policy an artifact chose for `pair` (folder or loaded Artifact): this classifier under its
         tuned rule, or the tuned threshold when `disco train` found that faster. `rule` / `threshold`:
         run the classifier under another rule (at its tuned setting) / another setting. The artifact
         must have been trained on this pair; the token class table is computed here (once: share it
-        between prompts with `fresh()`)."""
+        between prompts with `fresh()`). sampling: the (temperature, top-p) it will run at (a warning
+        when the artifact was tuned for another)."""
         from disco.artifact import Artifact, load_artifact
 
         if not isinstance(artifact, Artifact):
             artifact = load_artifact(Path(artifact), expect_pair=pair, trust_pickle=trust_pickle)
+        if sampling is not None:
+            artifact.check_sampling(*sampling)
         if artifact.choice["policy"] == "threshold" and threshold is None and rule is None:
             from disco.policy import ThresholdPolicy
 

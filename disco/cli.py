@@ -49,6 +49,9 @@ VerifyOpt = typer.Option(DEFAULT_VERIFY, help="llama.cpp engine: fast (one batch
                          "output may differ from target-only decoding where batched kernels round differently, "
                          "compare reports it) or exact (micro-batches that round like one-token steps: output "
                          "identical to target-only decoding, verification costs more).")
+TemperatureOpt = typer.Option(0.0, help="0 = greedy (output identical to the target's greedy decoding); above 0: "
+                              "sampling, with the target's distribution kept by rejection sampling.")
+TopPOpt = typer.Option(1.0, help="Nucleus sampling mass (with --temperature > 0), applied to target and draft alike.")
 
 
 def _say(msg: str) -> None:
@@ -72,8 +75,8 @@ def generate(
     trust_pickle: bool = typer.Option(False, help="classifier: allow a joblib/pickle artifact (it can run code)."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
     max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),
-    temperature: float = typer.Option(0.0, help="0 = greedy (identical to the target's greedy output)."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling mass (with --temperature > 0)."),
+    temperature: float = TemperatureOpt,
+    top_p: float = TopPOpt,
     seed: int = typer.Option(0, help="Sampling seed."),
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."),
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of --prompts."),
@@ -126,7 +129,9 @@ def generate(
 def compare(
     prompts: list[str] = typer.Option(..., "--prompts", help="JSONL file(s), shipped set names (code-test,explain-test,write-test) or hf:NAME."),
     out: Path = typer.Option(Path("runs/compare"), help="Folder for compare.json, table.md and the plots."),
-    classifier: Optional[str] = typer.Option(None, help="Trained classifier artifact folder (adds the classifier policy)."),
+    classifier: Optional[list[str]] = typer.Option(None, help="Trained classifier artifact folder (adds the classifier "
+                                                   "policy and the baselines tuned with it). Repeat to add more artifacts as "
+                                                   "rows 'classifier (FOLDER NAME)', e.g. the greedy-trained one when sampling."),
     tuned_k: Optional[int] = typer.Option(None, help="Also run constant k at this (tuned) value."),
     tuned_threshold: Optional[float] = typer.Option(None, help="Also run the threshold policy at this (tuned) value."),
     anchor: bool = typer.Option(True, "--anchor/--no-anchor", help="Include the engine's own decoding: transformers' "
@@ -142,6 +147,11 @@ def compare(
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each file."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
     max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),
+    temperature: float = TemperatureOpt,
+    top_p: float = TopPOpt,
+    seed: int = typer.Option(0, help="First sampling seed (with --temperature > 0)."),
+    seeds: int = typer.Option(1, help="With --temperature > 0: run every prompt with this many seeds (--seed, "
+                              "--seed + 1, …); the table shows the speedups' spread over them."),
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."),
     target: Optional[str] = TargetOpt,
     draft: Optional[str] = DraftOpt,
@@ -155,16 +165,20 @@ def compare(
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
-    (transformers' generate(assistant_model=…) on torch; llama-server -md on llama.cpp)."""
-    from disco.compare import default_entries, run_compare, select_entries
+    (transformers' generate(assistant_model=…) on torch; llama-server -md on llama.cpp). Greedy by
+    default; with --temperature, every prompt under --seeds seeds."""
+    from disco.compare import check_seeds, default_entries, run_compare, select_entries
     from disco.pair import load_pair, pair_args
     from disco.prompts import load_prompt_sources
 
-    config = DecodeConfig(max_new_tokens=max_new_tokens, max_window=max_window)
+    config = DecodeConfig(max_new_tokens, max_window, temperature, top_p, seed)
     config.validate()
+    check_seeds(seeds, temperature)
     select_entries([], policies)  # a mistyped name fails before the models load
     items = load_prompt_sources(prompts, limit)
     tuned: dict = {}
+    classifiers = classifier or []
+    classifier = classifiers[0] if classifiers else None
     if classifier is not None:  # tuned baselines from the artifact unless given
         from disco.compare import tuned_from_artifact
 
@@ -180,9 +194,10 @@ def compare(
 
         server_tuned = tuned_server(classifier) or {}
     entries = default_entries(classifier, tuned_k, tuned_threshold, anchor, pair.engine, server_tuned,
-                              pair.describe()["engine"].get("verify"), tuned)
+                              pair.describe()["engine"].get("verify"), tuned, sampling=temperature > 0,
+                              more_classifiers=classifiers[1:])
     entries = select_entries(entries, policies)
-    result = run_compare(pair, items, entries, config, out, chat)
+    result = run_compare(pair, items, entries, config, out, chat, seeds=seeds)
     from disco.compare import format_table
 
     typer.echo(format_table(result["summary"]))
@@ -201,6 +216,10 @@ def collect(
     overwrite: bool = typer.Option(False, help="Replace what --out holds (another pair, feature list or settings)."),
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."),
     shard_prompts: int = typer.Option(DEFAULT_SHARD_PROMPTS, help="Prompts per Parquet shard (a hard kill loses at most this many, or 2 minutes of work)."),
+    temperature: float = TemperatureOpt,
+    top_p: float = TopPOpt,
+    seed: int = typer.Option(0, help="Sampling seed (with --temperature > 0): each prompt draws from its own "
+                             "stream, derived from this and its id, so resumed and sharded runs draw the same."),
     target: Optional[str] = TargetOpt,
     draft: Optional[str] = DraftOpt,
     device: str = DeviceOpt,
@@ -213,7 +232,8 @@ def collect(
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Oracle traces: draft features with accept/reject labels at every position of the target's
-    greedy output. Rerun the same command to resume. Several processes split the prompts:
+    output (greedy, or sampled with --temperature: then also the acceptance probability
+    min(1, p/q) of each drafted token). Rerun the same command to resume. Several processes split the prompts:
     `accelerate launch --num_processes N cli.py collect …` (GPUs) or
     `torchrun --standalone --nproc_per_node N cli.py collect …` (also on CPU)."""
     from disco.collect import collect as run_collect
@@ -221,7 +241,7 @@ def collect(
     from disco.pair import load_pair, pair_args
     from disco.prompts import load_prompt_sources
 
-    config = DecodeConfig(max_new_tokens=max_new_tokens, max_window=max_window)
+    config = DecodeConfig(max_new_tokens, max_window, temperature, top_p, seed)
     config.validate()
     items = load_prompt_sources(prompts, limit)
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
@@ -252,13 +272,15 @@ def train(
     cross_task: bool = typer.Option(TrainConfig.cross_task, help="Also train on each task alone and test on every task."),
     head: bool = typer.Option(TrainConfig.head, help="Also fit an acceptance head on the draft's hidden state "
                               "(traces collected by this disco hold it)."),
+    labels: str = typer.Option(TrainConfig.labels, help="Sampled traces: fit on the acceptance probability min(1, p/q) "
+                               "(soft) or on the sampled accept/reject (sampled); auto: soft for sampled traces."),
 ) -> None:
     """Train the stopping classifier under each rule (token, cumulative, cost); tune every rule and baseline
     by simulated speedup on validation prompts, and ship the fastest (or the tuned threshold if it wins)."""
     from disco.train import train as run_train
 
     report = run_train(TrainConfig(traces, out, model, profile, max_window, val_fraction, seed, balanced, ablate,
-                                   cross_task, head))
+                                   cross_task, head, labels=labels))
     typer.echo(report.markdown())
     _say(f"wrote {out}")
 

@@ -5,6 +5,11 @@ continuation y. So per prompt: one target generation of y (which also gives the 
 logits at every position of y), then ONE teacher-forced draft forward over prompt + y give, at
 every position of y, exactly the distributions the oracle loop sees there, and the draft's
 last hidden states. The oracle's windows follow from the labels alone (`oracle_windows`).
+
+Under sampling (--temperature > 0) y is a seeded sample of the target, and at each position the
+drafted token and its accept/reject outcome are drawn from their distribution *given* y under
+the loop's rejection sampling (`coupled_draft`), so a sampled trace is one realisation of the
+live loop's randomness (see `coupled_draft` for what that does and does not approximate).
 Prompts are traced round-robin over tasks, so a partial (or interrupted) run covers every task.
 
 Storage (schema in disco/trace.py): `OUT/manifest.json` beside `OUT/data/`, which holds Parquet
@@ -30,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
@@ -43,7 +48,7 @@ import pyarrow.parquet as pq
 import torch
 
 import disco
-from disco.decode import DecodeConfig, target_generate
+from disco.decode import DecodeConfig, target_generate, warp
 from disco.engines.base import numeric_identity, teacher_forced
 from disco.errors import DiscoError
 from disco.features import (FEATURES, WindowState, entropy, hidden_info, hidden_projection, token_class_table,
@@ -54,8 +59,9 @@ from disco.prompts import Prompt
 from disco.trace import COLUMNS, HIDDEN_COLUMN, MANIFEST, signals_at
 
 # bump when the layout or the meaning of a column changes; /2 added the target-side signal columns
-# and the draft's hidden state (older traces stay readable for the columns they have)
-FORMAT = "disco-trace/2"
+# and the draft's hidden state, /3 sampled traces and target_prob_target (older traces stay readable
+# for the columns they have)
+FORMAT = "disco-trace/3"
 DEFAULT_SHARD_PROMPTS = 64  # prompts per shard: bounds shard count on big runs ...
 DEFAULT_FLUSH_S = 120.0  # ... and this bounds the work a kill loses on slow ones
 DATA = "data"  # the shards' subfolder: a folder of Parquet files only, so any Parquet reader takes it whole
@@ -100,17 +106,59 @@ def oracle_windows(labels: Sequence[bool], max_new_tokens: int, max_window: int)
     return windows
 
 
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """The sampling seed of one prompt: from the run's seed and the prompt's id, so a resumed or
+    sharded run draws the same numbers for a prompt whatever else it traces."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()[:7], "little")
+
+
+def coupled_draft(p: torch.Tensor, q: torch.Tensor, y: torch.Tensor,
+                  gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position j, the draft token x_j ~ q_j and whether the target accepts it, drawn given the
+    committed token y_j ~ p_j: (draft tokens, accepted). p, q: (n, vocab) warped target / draft rows.
+
+    Under the loop's rejection sampling (decode._rejection_sample) one position has the joint law
+        x ~ q;  accept with min(1, p(x)/q(x)) and commit y = x;  else commit y ~ max(0, p - q)/Z,
+    whose marginal of y is p (Leviathan et al., Thm. 1). Given y, that law is: accepted (x = y) with
+    probability min(1, q(y)/p(y)), else x ~ max(0, q - p)/Z' (a token the draft over-proposes),
+    which is what this draws. So where the live loop drafts at a position whose earlier window
+    tokens were accepted, its context is prompt + y[:j] exactly as here, and (x_j, accepted_j, y_j)
+    have the loop's joint distribution: a replay over a sampled trace is one live sampled run, in
+    distribution, and the recorded min(1, p(x)/q(x)) is the expected label given x. The one
+    approximation is greedy's: after a rejection the live draft goes on from x_j != y_j, while
+    the trace's later rows are teacher-forced on y (simulate.py, approximation 1).
+    Greedy (gen None): the draft's argmax, accepted when it equals y."""
+    if gen is None:
+        x = q.argmax(-1)
+        return x, x == y
+    vocab = min(p.shape[-1], q.shape[-1])  # heads may be padded differently; tokens past a head have prob 0
+    p, q = p[:, :vocab], q[:, :vocab]
+    inside = y < vocab
+    yc = y.clamp_max(vocab - 1)
+    p_y = p.gather(-1, yc[:, None])[:, 0]
+    q_y = torch.where(inside, q.gather(-1, yc[:, None])[:, 0], 0.0)
+    keep = (q_y / p_y.clamp_min(1e-30)).clamp_max(1.0)
+    accepted = torch.rand(len(y), generator=gen, device=y.device) < keep
+    over = (q - p).clamp_min(0.0)
+    # an all-zero row only where q <= p everywhere, i.e. q == p, where a rejection has probability 0
+    over = torch.where(over.sum(-1, keepdim=True) > 0, over, q)
+    other = torch.multinomial(over / over.sum(-1, keepdim=True), 1, generator=gen)[:, 0]
+    return torch.where(accepted, y, other), accepted
+
+
 @torch.inference_mode()
 def teacher_forced_trace(
     pair: Pair, prompt_ids: Sequence[int], y: Sequence[int], config: DecodeConfig, token_classes: torch.Tensor,
     prompt_id: str = "", task: str = "", target_logits: torch.Tensor | None = None,
 ) -> pa.Table:
-    """The trace rows of a prompt whose target greedy continuation y is known: one per position of y.
+    """The trace rows of a prompt whose target continuation y is known: one per position of y.
 
     token_classes: features.token_class_table(...) on the pair's device. target_logits: the target's
     logits at every position of y, as its generation computed them (None: one teacher-forced
     target forward computes them). The draft's logits and last hidden states come from one
-    teacher-forced draft forward over prompt + y."""
+    teacher-forced draft forward over prompt + y. Both are warped as the loop warps them
+    (decode.warp: softmax when greedy, temperature and top-p when sampling); under sampling the
+    draft tokens and labels come from `coupled_draft`, seeded by config.seed (prompt_seed)."""
     n_prompt, n = len(prompt_ids), len(y)
     if n == 0:
         raise DiscoError(f"prompt {prompt_id!r}: the target's continuation is empty; nothing to trace")
@@ -119,21 +167,22 @@ def teacher_forced_trace(
     if target_logits is None:
         target_logits, _ = teacher_forced(pair.target, ids, n_prompt)
     draft_logits, states = teacher_forced(pair.draft, ids, n_prompt, hidden=True)
-    # Greedy decoding draws from softmax(logits) (decode.warp at temperature 0): the same here.
-    q = torch.softmax(draft_logits.float(), dim=-1)
-    p = torch.softmax(target_logits.float(), dim=-1)
-    draft_tok = q.argmax(-1)
-    labels = draft_tok == y_ids
+    q = warp(draft_logits, config.temperature, config.top_p)
+    p = warp(target_logits, config.temperature, config.top_p)
+    greedy = config.temperature == 0.0
+    gen = None if greedy else torch.Generator(device=pair.device).manual_seed(config.seed)
+    draft_tok, labels = coupled_draft(p, q, y_ids, gen)
     vocab = min(p.shape[-1], q.shape[-1])  # draft and target heads may be padded differently
     draft_prob = q.gather(-1, draft_tok[:, None])[:, 0]
     target_prob = p[:, :vocab].gather(-1, draft_tok[:, None].clamp_max(vocab - 1))[:, 0]
     overlap = torch.minimum(p[:, :vocab], q[:, :vocab]).sum(-1)  # 1 - TV(p, q)
     target_top1 = p.max(-1).values
+    target_prob_target = p.gather(-1, y_ids[:, None])[:, 0]
     target_entropy = entropy(p)
     draft_prob_target = torch.where(y_ids < q.shape[-1], q.gather(-1, y_ids[:, None].clamp_max(q.shape[-1] - 1))[:, 0], 0.0)
 
     # Token features: the function the live policy calls, with the context the oracle loop has
-    # at this position (prompt + y before it: every earlier draft token in its window matched y).
+    # at this position (prompt + y before it: every earlier draft token in its window was accepted).
     tok_feats = [token_features(q[j], draft_tok[j], j, ids[: n_prompt + j], token_classes) for j in range(n)]
 
     # Window features over the oracle's windows, with the bookkeeping the live policy keeps.
@@ -141,7 +190,7 @@ def teacher_forced_trace(
     # (window_pos 1, product = its own p_chosen, prev_accepted and target signals as of then):
     # what a policy that does draft it would see first, the best single guess for the simulator.
     label_list = labels.tolist()
-    signal_cols = torch.stack([target_top1, target_entropy, draft_prob_target], 1).tolist()
+    signal_cols = torch.stack([target_prob_target, target_entropy, draft_prob_target], 1).tolist()
     feats: list[torch.Tensor | None] = [None] * n
     window_id = np.full(n, -1, dtype=np.int64)
     state = WindowState()
@@ -179,7 +228,7 @@ def teacher_forced_trace(
     for name, value in (("label", labels.long()), ("draft_token", draft_tok), ("target_token", y_ids),
                         ("draft_prob", draft_prob), ("target_prob", target_prob), ("accept_prob", accept_prob),
                         ("overlap", overlap), ("target_top1", target_top1), ("target_entropy", target_entropy),
-                        ("draft_prob_target", draft_prob_target)):
+                        ("target_prob_target", target_prob_target), ("draft_prob_target", draft_prob_target)):
         columns[name] = value.cpu().numpy()
     columns[HIDDEN_COLUMN] = encode_hidden(states)
     return pa.table({c: columns[c] for c in TRACE_COLUMNS}, schema=SCHEMA)
@@ -195,8 +244,8 @@ def encode_hidden(states: torch.Tensor) -> list[bytes]:
 
 
 def target_continuation(pair: Pair, prompt_ids: Sequence[int], config: DecodeConfig) -> tuple[list[int], torch.Tensor]:
-    """The target's greedy continuation y by plain target-only decoding, and the target's logits at every
-    position of y from the same steps (so the trace needs no second target pass). Target-only: on the
+    """The target's continuation y (greedy, or sampled with config.seed) by plain target-only decoding, and
+    the target's logits at every position of y from the same steps (so the trace needs no second target pass). Target-only: on the
     llama.cpp engine no speculation pays at 2 threads (bench/RESULTS.md), and on torch the whole
     collection still costs about one plain generation."""
     rows: list[torch.Tensor] = []
@@ -206,7 +255,8 @@ def target_continuation(pair: Pair, prompt_ids: Sequence[int], config: DecodeCon
 
 def trace_prompt(pair: Pair, prompt_ids: Sequence[int], config: DecodeConfig, token_classes: torch.Tensor,
                  prompt_id: str = "", task: str = "") -> pa.Table:
-    """The trace of one prompt: the target's greedy continuation, then the teacher-forced rows."""
+    """The trace of one prompt: the target's continuation, then the teacher-forced rows (config.seed: the
+    prompt's own seed when sampling, see prompt_seed)."""
     y, target_logits = target_continuation(pair, prompt_ids, config)
     return teacher_forced_trace(pair, prompt_ids, y, config, token_classes, prompt_id, task, target_logits)
 
@@ -296,7 +346,8 @@ def build_manifest(pair: Pair, prompts: Sequence[Prompt], config: DecodeConfig, 
         "generation": {
             "max_new_tokens": config.max_new_tokens,
             "max_window": config.max_window,
-            "temperature": 0.0,
+            "temperature": config.temperature,
+            **({"top_p": config.top_p, "seed": config.seed} if config.temperature > 0 else {}),  # greedy: as before
             "chat": chat,
             "eos_token_ids": sorted(pair.eos_token_ids),
         },
@@ -562,8 +613,6 @@ def collect(
     """Trace this rank's prompts into `out_dir`, skipping those already there; resumable at any point."""
     t0 = time.perf_counter()
     config.validate()
-    if config.temperature != 0.0:
-        raise DiscoError("oracle traces are defined for greedy decoding: collect with temperature 0")
     if shard_prompts < 1:
         raise DiscoError(f"--shard-prompts must be at least 1 (got {shard_prompts})")
     if not prompts:
@@ -602,9 +651,10 @@ def _run(pair: Pair, prompts: Sequence[Prompt], encoded: list[list[int]], todo: 
     try:
         for i in todo:
             t = time.perf_counter()
-            y, target_logits = target_continuation(pair, encoded[i], config)
+            mine = config if config.temperature == 0 else replace(config, seed=prompt_seed(config.seed, prompts[i].id))
+            y, target_logits = target_continuation(pair, encoded[i], mine)
             t_gen = time.perf_counter()
-            table = teacher_forced_trace(pair, encoded[i], y, config, token_classes, prompts[i].id, prompts[i].task,
+            table = teacher_forced_trace(pair, encoded[i], y, mine, token_classes, prompts[i].id, prompts[i].task,
                                          target_logits)
             stats.generate_s += t_gen - t
             stats.trace_s += time.perf_counter() - t_gen

@@ -4,6 +4,12 @@ For each prompt, target-only decoding runs first (it is the reference output, th
 knowledge and the speedup's denominator), then every policy in an order rotated per prompt,
 so that machine drift and cache warmth hit all policies alike. Outputs: a table, a JSON file
 with per-prompt numbers, and PNG plots.
+
+Under sampling (temperature > 0) each prompt runs with several seeds (target-only first for each),
+speedups come with their spread over seeds, and outputs cannot be compared token by token: that
+the loop samples from the target's distribution is proved by the distribution tests
+(tests/test_sampling.py), and the table shows, as a sanity figure, the mean log-probability per
+token of each policy's output under the target's sampling distribution beside target-only's.
 """
 
 from __future__ import annotations
@@ -12,14 +18,14 @@ import contextlib
 import copy
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
-from disco.decode import DecodeConfig, GenResult, GenStats, generate, target_generate
-from disco.engines.base import as_engine
+from disco.decode import DecodeConfig, GenResult, GenStats, generate, target_generate, warp
+from disco.engines.base import as_engine, teacher_forced
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, atomic_write_text
 from disco.pair import Pair
@@ -51,7 +57,8 @@ class Entry:
 
 def default_entries(classifier: str | None = None, tuned_k: int | None = None,
                     tuned_threshold: float | None = None, include_anchor: bool = True, engine: str = "torch",
-                    server_tuned: dict | None = None, verify: str | None = None, tuned: dict | None = None) -> list[Entry]:
+                    server_tuned: dict | None = None, verify: str | None = None, tuned: dict | None = None,
+                    sampling: bool = False, more_classifiers: Sequence[str] = ()) -> list[Entry]:
     """The standard line-up: every policy (AdaEDL and SVIP at their papers' settings), plus tuned
     baselines and the classifier when known (what `disco train` chose, and each of its rules at its
     tuned setting), and the engine's own speculative decoding: transformers'
@@ -59,7 +66,8 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
     llama.cpp's defaults and at `server_tuned` ({n_max, p_min}, tuned on validation prompts:
     bench/tune_llama_server.py). On llama.cpp in exact verification, the classifier, the tuned
     threshold and the oracle also run in fast verification. tuned: the artifact's "tuned" record
-    (adaedl_lambda, svip_h, rules: {rule: setting})."""
+    (adaedl_lambda, svip_h, rules: {rule: setting}). sampling: no oracle (it is defined for greedy
+    decoding only). more_classifiers: other artifacts, each a row "classifier (FOLDER NAME)"."""
     from disco.policy import ADAEDL_LAMBDA, SVIP_H
 
     tuned = tuned or {}
@@ -86,6 +94,8 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
             entries.insert(-1, Entry(f"classifier {rule} rule {setting:g} (tuned)",
                                      PolicySpec("classifier", classifier=classifier, classifier_rule=rule,
                                                 classifier_threshold=setting)))
+    for other in more_classifiers:
+        entries.insert(-1, Entry(f"classifier ({Path(other).name})", PolicySpec("classifier", classifier=other)))
     if engine == "llama.cpp" and verify == "exact":  # the tuned rules and the bound, verifying in batches
         entries += [Entry(e.label + FAST_SUFFIX, e.spec, verify="fast") for e in entries
                     if e.label in ("classifier", "oracle") or e.label.endswith("(tuned)") and e.spec.name == "threshold"]
@@ -101,6 +111,8 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
             tuned = {"n_max": DRAFT_N_MAX, "n_min": DRAFT_N_MIN, "p_min": DRAFT_P_MIN, **server_tuned}
             entries.append(Entry(f"{SERVER_LABEL} (tuned: n-max {tuned['n_max']}, p-min {tuned['p_min']:g})",
                                  server=tuned))
+    if sampling:
+        entries = [e for e in entries if e.spec is None or e.spec.name != "oracle"]
     return entries
 
 
@@ -159,19 +171,23 @@ class _CallCounter:
 
 
 def hf_assisted_generate(pair: Pair, prompt_ids: list[int], config: DecodeConfig) -> GenResult:
-    """transformers' target.generate(assistant_model=draft), greedy, with transformers' defaults
-    (confidence threshold 0.4, adaptive when scikit-learn is installed, up to 20 draft tokens)."""
+    """transformers' target.generate(assistant_model=draft) with transformers' defaults (confidence
+    threshold 0.4, adaptive when scikit-learn is installed, up to 20 draft tokens): greedy, or sampling
+    from the distribution disco's loop samples (temperature, top-p, no top-k) seeded by config.seed."""
     # transformers writes the adapted threshold back into the draft's generation config;
     # restore it so every prompt starts from the defaults, as a fresh user would.
     saved = copy.deepcopy(pair.draft.generation_config)
     counters = (_CallCounter(pair.target), _CallCounter(pair.draft))
     ids = torch.tensor([prompt_ids], device=pair.device)
+    sampling = ({"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+                if config.temperature > 0 else {"do_sample": False})
     try:
+        torch.manual_seed(config.seed)
         _sync(pair.device)
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = pair.target.generate(
-                ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft, do_sample=False,
+                ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft, **sampling,
                 max_new_tokens=config.max_new_tokens, eos_token_id=sorted(pair.eos_token_ids),
                 pad_token_id=pair.tokenizer.pad_token_id,
             )
@@ -193,41 +209,53 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_seeds(seeds: int, temperature: float) -> None:
+    if seeds < 1 or (seeds > 1 and temperature == 0):
+        raise DiscoError(f"--seeds {seeds}: give 1, or more with --temperature > 0 (greedy decoding is deterministic)")
+
+
 def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config: DecodeConfig,
-                out_dir: Path, chat: bool | None = None, progress: bool = True, plots: bool = True) -> dict:
-    """Run every entry on every prompt; write compare.json, table.md and plots into out_dir."""
-    if config.temperature != 0.0:
-        raise DiscoError("compare measures greedy decoding (lossless by construction): use --temperature 0")
+                out_dir: Path, chat: bool | None = None, progress: bool = True, plots: bool = True,
+                seeds: int = 1) -> dict:
+    """Run every entry on every prompt (with `seeds` seeds config.seed, config.seed + 1, … when sampling);
+    write compare.json, table.md and plots into out_dir."""
+    sampled = config.temperature > 0
+    check_seeds(seeds, config.temperature)
+    if sampled and any(e.spec is not None and e.spec.name == "oracle" for e in entries):
+        raise DiscoError("the oracle policy is defined for greedy decoding only: leave it out of --policies "
+                         "when sampling")
     from tqdm import tqdm
 
     per_prompt: list[dict] = []
     with contextlib.ExitStack() as stack:
         servers = _start_servers(pair, entries, config, stack, progress)
-        bar = tqdm(total=len(prompts) * (len(entries) + 1), desc="compare", unit="run", disable=not progress)
+        bar = tqdm(total=len(prompts) * seeds * (len(entries) + 1), desc="compare", unit="run", disable=not progress)
         for i, item in enumerate(prompts):
             ids = pair.encode(item.prompt, chat)
-            ref = target_generate(pair.target, ids, config, pair.eos_token_ids)
-            bar.update(1)
-            row = {"id": item.id, "task": item.task, "prompt_tokens": len(ids),
-                   "runs": {TARGET_LABEL: _record(ref, ref)}}
-            shift = i % len(entries)
-            for entry in entries[shift:] + entries[:shift]:  # rotate the order per prompt
-                bar.set_postfix_str(f"{item.id}: {entry.label}")
-                if entry.server is not None:
-                    res = server_generate(servers[entry.label], ids, config, pair.eos_token_ids)
-                elif entry.spec is None:
-                    res = hf_assisted_generate(pair, ids, config)
-                else:
-                    with verify_mode(pair, entry.verify):
-                        res = generate(pair, item.prompt, entry.spec, config, chat, target_tokens=ref.tokens)
-                row["runs"][entry.label] = _record(res, ref, forwards_known=entry.server is None)
+            for s in range(seeds):
+                cfg = replace(config, seed=config.seed + s)
+                ref = target_generate(pair.target, ids, cfg, pair.eos_token_ids)
                 bar.update(1)
-            per_prompt.append(row)
+                row = {"id": item.id, "task": item.task, "seed": cfg.seed if sampled else None,
+                       "prompt_tokens": len(ids), "runs": {TARGET_LABEL: _record(pair, ids, cfg, ref, ref)}}
+                shift = (i * seeds + s) % len(entries)
+                for entry in entries[shift:] + entries[:shift]:  # rotate the order per prompt and seed
+                    bar.set_postfix_str(f"{item.id}: {entry.label}")
+                    if entry.server is not None:
+                        res = server_generate(servers[entry.label], ids, cfg, pair.eos_token_ids)
+                    elif entry.spec is None:
+                        res = hf_assisted_generate(pair, ids, cfg)
+                    else:
+                        with verify_mode(pair, entry.verify):
+                            res = generate(pair, item.prompt, entry.spec, cfg, chat, target_tokens=ref.tokens)
+                    row["runs"][entry.label] = _record(pair, ids, cfg, res, ref, forwards_known=entry.server is None)
+                    bar.update(1)
+                per_prompt.append(row)
         bar.close()
 
     labels = [TARGET_LABEL] + [e.label for e in entries]
     summary = {label: _summarise(label, per_prompt) for label in labels}
-    result = {"pair": pair.describe(), "config": config.__dict__, "n_prompts": len(prompts),
+    result = {"pair": pair.describe(), "config": config.__dict__, "n_prompts": len(prompts), "seeds": seeds,
               "anchors": [e.label for e in entries if e.anchor], "summary": summary, "prompts": per_prompt}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "compare.json", result)
@@ -280,8 +308,9 @@ def _start_servers(pair: Pair, entries: list[Entry], config: DecodeConfig, stack
 
 
 def server_generate(server, prompt_ids: list[int], config: DecodeConfig, eos_token_ids: frozenset[int]) -> GenResult:
-    """One greedy completion by llama-server, as a GenResult (its forward counts are not exposed)."""
-    r = server.complete(prompt_ids, config.max_new_tokens)
+    """One completion by llama-server, as a GenResult (its forward counts are not exposed)."""
+    r = server.complete(prompt_ids, config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+                        seed=config.seed)
     tokens = r["tokens"]
     for i, t in enumerate(tokens):  # the server stops at llama.cpp's end-of-generation tokens, as the loop does
         if t in eos_token_ids:
@@ -292,11 +321,27 @@ def server_generate(server, prompt_ids: list[int], config: DecodeConfig, eos_tok
     return GenResult(tokens, stats)
 
 
-def _record(res: GenResult, ref: GenResult, forwards_known: bool = True) -> dict:
-    """One run's numbers. forwards_known=False: llama-server, whose forward calls we do not see."""
+def _record(pair: Pair, prompt_ids: list[int], config: DecodeConfig, res: GenResult, ref: GenResult,
+            forwards_known: bool = True) -> dict:
+    """One run's numbers. forwards_known=False: llama-server, whose forward calls we do not see.
+    Greedy: whether the output equals target-only decoding's. Sampling: the sum of the target's
+    log-probabilities of the output (target_logprob, outside the timed run)."""
     s = res.stats
-    return {**s.to_dict(), "lossless": res.tokens == ref.tokens, "speedup": ref.stats.wall_s / s.wall_s,
-            "forwards_known": forwards_known, "first_mismatch": _first_mismatch(res.tokens, ref.tokens)}
+    out = {**s.to_dict(), "speedup": ref.stats.wall_s / s.wall_s, "forwards_known": forwards_known}
+    if config.temperature == 0:
+        return {**out, "lossless": res.tokens == ref.tokens, "first_mismatch": _first_mismatch(res.tokens, ref.tokens)}
+    return {**out, "target_logprob": target_logprob(pair, prompt_ids, res.tokens, config)}
+
+
+def target_logprob(pair: Pair, prompt_ids: list[int], tokens: list[int], config: DecodeConfig) -> float:
+    """Sum over `tokens` of log p(token) under the target's sampling distribution (decode.warp at the
+    config's temperature and top-p), from one teacher-forced target forward."""
+    if not tokens:
+        return 0.0
+    ids = torch.tensor([*prompt_ids, *tokens], device=pair.device)
+    logits, _ = teacher_forced(pair.target, ids, len(prompt_ids))
+    p = warp(logits, config.temperature, config.top_p)
+    return float(p.gather(-1, ids[len(prompt_ids):, None])[:, 0].clamp_min(1e-30).log().sum())
 
 
 def _first_mismatch(tokens: list[int], ref: list[int]) -> int | None:
@@ -315,54 +360,84 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
     windows = [a for r in runs for a in r["accepted_per_window"]]
     drafted = sum(r["drafted"] for r in runs)
     known = all(r.get("forwards_known", True) for r in runs)  # llama-server reports drafted/accepted only
-    return {
+    sampled = "target_logprob" in runs[0]
+    by_seed = _pooled_by_seed(per_prompt, lambda r: r["wall_s"], label)
+    out = {
         # pooled: total target-only time over total time of this policy, same tokens
         "speedup": sum(b["wall_s"] for b in base) / wall if wall else 0.0,
         "speedup_median": statistics.median(r["speedup"] for r in runs),
         "speedup_min": min(r["speedup"] for r in runs),
         "speedup_max": max(r["speedup"] for r in runs),
+        "speedup_by_seed": by_seed,  # {seed: pooled speedup over the prompts}: the spread over seeds
         "tokens_per_s": tokens / wall if wall else 0.0,
         "target_forwards_per_token": sum(r["target_forwards"] for r in runs) / tokens if known else None,
         "draft_forwards_per_token": sum(r["draft_forwards"] for r in runs) / tokens if known else None,
         "mean_accepted_window": statistics.fmean(windows) if windows else None,
         "acceptance_rate": sum(r["accepted"] for r in runs) / drafted if drafted else None,
-        "lossless": all(r["lossless"] for r in runs),
-        "mismatched_prompts": sum(not r["lossless"] for r in runs),
         "prompts": len(runs),
     }
+    if sampled:
+        return {**out, "target_logprob": sum(r["target_logprob"] for r in runs) / tokens if tokens else None}
+    return {**out, "lossless": all(r["lossless"] for r in runs), "mismatched_prompts": sum(not r["lossless"] for r in runs)}
+
+
+def _pooled_by_seed(per_prompt: list[dict], time_of, label: str) -> dict[str, float]:
+    """{seed: target-only time over `label`'s time, each summed over the prompts run with that seed}."""
+    seeds: dict[str, list[float]] = {}
+    for p in per_prompt:
+        t = seeds.setdefault(str(p.get("seed")), [0.0, 0.0])
+        t[0] += time_of(p["runs"][TARGET_LABEL])
+        t[1] += time_of(p["runs"][label])
+    return {seed: base / t if t else 0.0 for seed, (base, t) in seeds.items()}
 
 
 def cost_model_speedups(result: dict, cost: CostModel) -> dict[str, dict | None]:
     """Per policy of a compare result: the speedup over target-only decoding that the run's own
     forward counts give under a cost model (simulate.CostModel from `disco profile`), pooled over
-    prompts and median per prompt. Machine noise cannot touch it, which makes it the figure to
-    compare on a shared machine. None for transformers' row (its loop exposes no windows)."""
+    prompts, median per prompt, and pooled per seed (sampling). Machine noise cannot touch it,
+    which makes it the figure to compare on a shared machine. None for the anchors (their loops
+    expose no windows)."""
     out: dict[str, dict | None] = {}
     anchors = set(result.get("anchors", [HF_LABEL]))  # results written before anchors were listed
+    as_stats = lambda r: GenStats(**{k: r[k] for k in ("new_tokens", "target_forwards", "draft_forwards", "windows")})  # noqa: E731
     for label in result["summary"]:
         if label in anchors:
             out[label] = None
             continue
-        runs = [GenStats(**{k: r[k] for k in ("new_tokens", "target_forwards", "draft_forwards", "windows")})
-                for r in (p["runs"][label] for p in result["prompts"])]
+        runs = [as_stats(p["runs"][label]) for p in result["prompts"]]
         times = [cost.time(s) for s in runs]
         bases = [cost.baseline(s) for s in runs]
         out[label] = {"pooled": sum(bases) / sum(times),
-                      "median": statistics.median(b / t for b, t in zip(bases, times))}
+                      "median": statistics.median(b / t for b, t in zip(bases, times)),
+                      "by_seed": _pooled_by_seed(result["prompts"], lambda r: cost.time(as_stats(r)), label)}
     return out
 
 
+def spread(by_seed: dict[str, float]) -> str:
+    """"min–max over N seeds" of per-seed speedups ("" for a single seed)."""
+    values = list(by_seed.values())
+    return f"{min(values):.2f}–{max(values):.2f} over {len(values)} seeds" if len(values) > 1 else ""
+
+
 def format_table(summary: dict) -> str:
-    head = ("| policy | speedup | median (min–max) per prompt | tok/s | target fwd/tok | draft fwd/tok "
-            "| mean accepted/window | acceptance | = target |")
-    lines = [head, "|" + "---|" * 9]
+    """Greedy: the last column says whether the output equals target-only decoding's. Sampling: the
+    speedup's spread over seeds, and the mean target log-probability per output token."""
+    sampled = "target_logprob" in next(iter(summary.values()))
+    last = "target log-prob/token" if sampled else "= target"
+    head = (f"| policy | speedup |{' over seeds |' if sampled else ''} median (min–max) per prompt | tok/s | "
+            f"target fwd/tok | draft fwd/tok | mean accepted/window | acceptance | {last} |")
+    lines = [head, "|" + "---|" * (10 if sampled else 9)]
     fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
     for label, s in summary.items():
         rate = "–" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.0f}%"
-        same = "yes" if s["lossless"] else f"NO ({s.get('mismatched_prompts', '?')}/{s.get('prompts', '?')} prompts differ)"
+        if sampled:
+            end = fmt(s["target_logprob"], ".3f")
+        else:
+            end = "yes" if s["lossless"] else f"NO ({s.get('mismatched_prompts', '?')}/{s.get('prompts', '?')} prompts differ)"
+        seeds = f" {spread(s['speedup_by_seed'])} |" if sampled else ""
         lines.append(
-            f"| {label} | {s['speedup']:.2f}× | {s['speedup_median']:.2f} ({s['speedup_min']:.2f}–{s['speedup_max']:.2f}) "
+            f"| {label} | {s['speedup']:.2f}× |{seeds} {s['speedup_median']:.2f} ({s['speedup_min']:.2f}–{s['speedup_max']:.2f}) "
             f"| {s['tokens_per_s']:.2f} | {fmt(s['target_forwards_per_token'], '.3f')} "
-            f"| {fmt(s['draft_forwards_per_token'], '.3f')} | {fmt(s['mean_accepted_window'], '.2f')} | {rate} | {same} |"
+            f"| {fmt(s['draft_forwards_per_token'], '.3f')} | {fmt(s['mean_accepted_window'], '.2f')} | {rate} | {end} |"
         )
     return "\n".join(lines)

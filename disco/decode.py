@@ -111,14 +111,23 @@ def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor
     if temperature == 0.0:
         return torch.softmax(logits.float(), dim=-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the top token always stays)
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    return _nucleus(probs, top_p) if top_p < 1.0 else probs
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix of each row, by decreasing probability, whose mass reaches top_p (the
+    top token always stays), renormalised. The prefix is found among the top k for a growing k: a
+    sort of a 150k vocabulary costs ~11 ms a row on a CPU core, a top-256 ~0.3 ms."""
+    vocab = probs.shape[-1]
+    k = min(256, vocab)
+    while True:
+        top, order = probs.topk(k, dim=-1)  # sorted, descending
+        if k == vocab or bool((top.sum(-1) >= top_p).all()):
+            break
+        k = min(vocab, 8 * k)
+    top = top.masked_fill(top.cumsum(-1) - top >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter(-1, order, top)
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def _pick(probs: torch.Tensor, greedy: bool, gen: torch.Generator | None) -> torch.Tensor:
@@ -300,5 +309,5 @@ def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeCon
             raise DiscoError("the oracle policy is defined for greedy decoding only: use --temperature 0")
         if target_tokens is None:
             target_tokens = target_generate(pair.target, ids, config, pair.eos_token_ids).tokens
-    policy = spec.build(target_tokens, pair, config.max_window)
+    policy = spec.build(target_tokens, pair, config.max_window, (config.temperature, config.top_p))
     return speculative_generate(pair.target, pair.draft, ids, policy, config, pair.eos_token_ids)

@@ -62,7 +62,8 @@ def disco_generate(draft: torch.nn.Module | None, classifier: str | Path | None 
             res = target_generate(model, prompt, config, eos)
         else:
             pair = pair_from_models(model, draft, tokenizer)
-            res = speculative_generate(model, draft, prompt, spec.build(pair=pair, max_window=max_window), config, eos)
+            policy = spec.build(pair=pair, max_window=max_window, sampling=(config.temperature, config.top_p))
+            res = speculative_generate(model, draft, prompt, policy, config, eos)
         custom_generate.last_stats = res.stats  # the run's stats, for whoever wants them
         return torch.cat([input_ids, torch.tensor([res.tokens], dtype=input_ids.dtype, device=input_ids.device)], 1)
 

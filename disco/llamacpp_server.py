@@ -306,6 +306,15 @@ GREEDY_FIELDS: dict[str, Any] = {
 }
 
 
+def sampler_fields(temperature: float, top_p: float, seed: int) -> dict[str, Any]:
+    """GREEDY_FIELDS, or the sampler chain disco's loop samples from (decode.warp): temperature, then
+    top-p, and nothing else (llama.cpp's default top-k 40 and min-p 0.05 off)."""
+    if temperature == 0.0:
+        return GREEDY_FIELDS
+    return {**GREEDY_FIELDS, "temperature": float(temperature), "top_k": 0, "top_p": float(top_p),
+            "samplers": ["temperature", "top_p"], "seed": int(seed)}
+
+
 class LlamaServer:
     """A llama-server on 127.0.0.1 serving TARGET (and optionally DRAFT for speculation).
 
@@ -547,8 +556,12 @@ class LlamaServer:
         p_min: float | None = None,
         n_max: int | None = None,
         n_min: int | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
     ) -> dict:
-        """Greedy completion of `prompt_ids` (token ids, used as given: no BOS is added).
+        """Greedy (or, with temperature > 0, sampled: sampler_fields) completion of `prompt_ids` (token
+        ids, used as given: no BOS is added).
 
         Stops at the model's end-of-generation tokens (the EOS token is included in `tokens`,
         as in our loop) or after max_new_tokens. Speculative overrides that differ from the
@@ -581,7 +594,7 @@ class LlamaServer:
             "cache_prompt": False,
             "return_tokens": True,
             "stream": False,
-            **GREEDY_FIELDS,
+            **sampler_fields(temperature, top_p, seed),
         }
         t0 = time.perf_counter()
         res = self._request("/completion", payload)

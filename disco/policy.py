@@ -281,9 +281,10 @@ class PolicySpec:
         if self.name not in POLICY_NAMES:
             raise DiscoError(f"unknown policy {self.name!r}: choose one of {', '.join(POLICY_NAMES)}")
 
-    def build(self, target_tokens: Sequence[int] | None = None, pair=None,
-              max_window: int = DEFAULT_MAX_WINDOW) -> StoppingPolicy:
-        """A fresh policy for one generation; the oracle needs `target_tokens`, the classifier `pair`."""
+    def build(self, target_tokens: Sequence[int] | None = None, pair=None, max_window: int = DEFAULT_MAX_WINDOW,
+              sampling: tuple[float, float] | None = None) -> StoppingPolicy:
+        """A fresh policy for one generation; the oracle needs `target_tokens`, the classifier `pair` (and
+        `sampling`, the (temperature, top-p) it runs at, to warn when it was tuned for another)."""
         if self.name == "classifier":
             if self.classifier is None:
                 raise DiscoError("the classifier policy needs a trained artifact: pass --classifier models/NAME")
@@ -292,7 +293,7 @@ class PolicySpec:
             from disco.classifier import ClassifierPolicy
 
             return ClassifierPolicy.for_pair(self.classifier, pair, self.classifier_threshold, self.trust_pickle,
-                                             self.classifier_rule)
+                                             self.classifier_rule, sampling)
         return make_policy(self.name, k=self.k, threshold=self.threshold, adaptive=self.adaptive,
                            target_tokens=target_tokens, lam=self.lam, lam_adaptive=self.lam_adaptive, h=self.h,
                            max_window=max_window)

@@ -33,6 +33,14 @@ Approximations (the only places a simulated run can differ from a real greedy ru
 2. Drafting past EOS. When y ended with EOS before max_new_tokens, a real window that
    reaches EOS may draft further tokens that are then discarded; the trace has no rows
    there, so the simulated window ends at y's last position (at most once per prompt).
+
+Sampled traces (`disco collect --temperature`, collect.coupled_draft) are one realisation of the
+live loop's randomness: a replay follows their sampled labels, which gives a sampled run (the
+check: its counts average to the live loop's). With `expected=True` (prompt_traces) the path still
+follows the sampled labels (they decide where windows end and what the policy learns in `update`),
+but each window counts the *expected* number of accepted tokens given its drafted tokens, the
+product rule of sequential acceptance, sum_m prod_{i<=m} min(1, p(x_i)/q(x_i)): the same mean,
+with the noise of the accept/reject draws removed (what tuning uses).
 """
 
 from __future__ import annotations
@@ -69,8 +77,15 @@ SIM_COLUMNS = ("prompt_id", "gen_pos", "label", "draft_token", "target_token", *
 _P_CHOSEN = TOKEN_FEATURES.index("p_chosen")
 _ENTROPY = TOKEN_FEATURES.index("entropy")
 # The target-side signal columns (disco-trace/2); older traces lack them and get neutral values, so
-# only models that do not read the signals can be trained on them (train.py checks).
-SIGNAL_COLUMNS = ("target_top1", "target_entropy", "draft_prob_target")
+# only models that do not read the signals can be trained on them (train.py checks). disco-trace/2
+# lacks target_prob_target and gives target_top1, the same number under greedy decoding.
+SIGNAL_COLUMNS = ("target_prob_target", "target_entropy", "draft_prob_target")
+
+
+def signal_columns(df: pd.DataFrame) -> list[str] | None:
+    """The columns that hold SIGNAL_COLUMNS in these traces (None: they have no target-side signals)."""
+    cols = [c if c in df.columns or c != "target_prob_target" else "target_top1" for c in SIGNAL_COLUMNS]
+    return cols if all(c in df.columns for c in cols) else None
 
 
 # --- cost model --------------------------------------------------------------------------------
@@ -148,6 +163,7 @@ class PromptTrace:
     max_new_tokens: int  # the generation budget; more than L when y ended at EOS
     signal_cols: np.ndarray | None = None  # (L, 3) SIGNAL_COLUMNS; None: neutral signals (old traces)
     hidden: torch.Tensor | None = None  # (L, H) float32 draft hidden states; None when the trace has none
+    accept_probs: np.ndarray | None = None  # (L,) min(1, p/q) of each drafted token: count expected acceptance
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -166,6 +182,12 @@ class TraceSource:
     path: Path
     rows: pd.DataFrame
     manifest: dict | None  # manifest.json as `disco collect` writes it; None when absent
+
+    @property
+    def sampling(self) -> dict:
+        """The decoding the traces were collected under: {temperature, top_p} (greedy: 0 and 1)."""
+        gen = (self.manifest or {}).get("generation") or {}
+        return {"temperature": float(gen.get("temperature", 0.0)), "top_p": float(gen.get("top_p", 1.0))}
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -225,13 +247,15 @@ def check_columns(df: pd.DataFrame, needed: Sequence[str], what: str = "the simu
         raise DiscoError(f"the traces lack columns {what} needs: {shown}; recollect them with this disco version")
 
 
-def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None, with_hidden: bool = True) -> list[PromptTrace]:
+def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None, with_hidden: bool = True,
+                  expected: bool = False) -> list[PromptTrace]:
     """Split trace rows into per-prompt traces (in order of first appearance).
 
     max_new_tokens: the budget the traces were collected with (from their manifest). None:
     each prompt's length, i.e. y was cut by the budget, not by EOS. A smaller budget than a
     prompt's length simulates a shorter generation (y's prefix is still the greedy output).
-    with_hidden: also decode the draft's hidden states (for a model that reads them)."""
+    with_hidden: also decode the draft's hidden states (for a model that reads them).
+    expected: count each window's expected accepted tokens (sampled traces only; module docstring)."""
     check_columns(df, SIM_COLUMNS)
     traces = []
     for pid, rows in df.groupby("prompt_id", sort=False):
@@ -244,7 +268,7 @@ def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None, with_hidd
             )
         budget = max_new_tokens if max_new_tokens is not None else len(rows)
         n = min(len(rows), budget)
-        has_signals = all(c in rows.columns for c in SIGNAL_COLUMNS)
+        signals = signal_columns(rows)
         hidden = None
         if with_hidden and HIDDEN_COLUMN in rows.columns:
             blob = b"".join(rows[HIDDEN_COLUMN].to_numpy()[:n])
@@ -256,8 +280,9 @@ def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None, with_hidd
             target_tokens=rows["target_token"].to_numpy()[:n].astype(int).tolist(),
             token_feats=torch.tensor(rows[list(TOKEN_FEATURES)].to_numpy()[:n], dtype=torch.float32),
             max_new_tokens=budget,
-            signal_cols=rows[list(SIGNAL_COLUMNS)].to_numpy(np.float64)[:n] if has_signals else None,
+            signal_cols=rows[signals].to_numpy(np.float64)[:n] if signals else None,
             hidden=hidden,
+            accept_probs=rows["accept_prob"].to_numpy(np.float64)[:n] if expected else None,
         ))
     return traces
 
@@ -306,6 +331,7 @@ Replay = Generator[torch.Tensor, float, tuple[GenStats, int]]
 def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
     """One prompt under one policy: returns (stats as the real loop counts them, approx_drafts)."""
     stats, approx, out, L = GenStats(), 0, 0, len(tr)
+    tokens: float = 0  # committed tokens as counted: out, or their expectation (PromptTrace.accept_probs)
     while out < L:
         # 1. Draft: up to k_max tokens, the policy deciding after each one.
         k_max = min(max_window, tr.max_new_tokens - out - 1)  # verification adds one token
@@ -330,15 +356,17 @@ def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
                     break
         # 2-3. Verify and accept: the leading agreeing run, then the target's own token.
         n = int(np.cumprod(tr.labels[out : out + k]).sum())
+        counted = n if tr.accept_probs is None else float(np.cumprod(tr.accept_probs[out : out + k]).sum())
         stats.target_forwards += 1
         # 4. Commit n + 1 tokens; y's last position is EOS or the budget's end.
+        tokens += min(counted + 1, L - out)
         out += min(n + 1, L - out)
         # 5. Record.
         if k > 0:
             end = out - 1  # where the round's own target token landed
             policy.update(k, n, lambda: tr.signals(end, n < k))
-            stats.record_window(k, n)
-    stats.new_tokens = out
+            stats.record_window(k, counted)
+    stats.new_tokens = tokens
     return stats, approx
 
 

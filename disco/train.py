@@ -42,7 +42,7 @@ from disco.errors import DiscoError
 from disco.features import DISCO_FEATURES, FEATURES, TARGET_SIGNALS
 from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H
 from disco.simulate import (SIGNAL_COLUMNS, CostModel, PromptTrace, SimResult, check_columns, prompt_traces,
-                            read_traces, replay_policy, simulate_many)
+                            read_traces, replay_policy, signal_columns, simulate_many)
 from disco.trace import HIDDEN_COLUMN
 
 if TYPE_CHECKING:
@@ -66,7 +66,8 @@ RULE_GRIDS: dict[str, tuple[float, ...]] = {
 }
 ADAEDL_GRID = tuple(round(0.05 * i, 2) for i in range(4, 20))
 SVIP_GRID = tuple(round(0.05 * i, 2) for i in range(1, 17))
-TRAIN_COLUMNS = ("prompt_id", "oracle_drafted", "label", *(f for f in FEATURES if f not in TARGET_SIGNALS))
+TRAIN_COLUMNS = ("prompt_id", "oracle_drafted", "label", "accept_prob", *(f for f in FEATURES if f not in TARGET_SIGNALS))
+LABELS = ("auto", "sampled", "soft")
 ALL_TASKS = "all tasks"
 
 
@@ -84,6 +85,7 @@ class TrainConfig:
     cross_task: bool = False  # also train on each task alone and test on every task
     head: bool = True  # also fit an acceptance head on the draft's hidden state (traces that hold it)
     progress: bool = True  # progress bars on stderr
+    labels: str = "auto"  # fit on: "sampled" accept/reject, "soft" min(1, p/q) (sampled traces); auto: soft when sampled
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -97,6 +99,11 @@ class TraceData:
     pair: dict  # target, draft, tokenizer_hash of the pair the traces come from
     features: list[int]  # indices of the FEATURES the traces hold (older traces lack the target signals)
     hidden: dict | None = None  # the traces' hidden-state record (features.hidden_info); None: no hidden states
+    sampling: dict = field(default_factory=lambda: {"temperature": 0.0, "top_p": 1.0})  # what the traces decoded with
+
+    @property
+    def sampled(self) -> bool:
+        return self.sampling["temperature"] > 0
 
     def hidden_matrix(self, mask: np.ndarray) -> np.ndarray:
         """(rows in mask, stored_dim) float32 draft hidden states."""
@@ -131,15 +138,20 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
     if any(p != pairs[0] for p in pairs):
         raise DiscoError(f"the traces come from different pairs ({', '.join(map(str, pairs))}): train one "
                          "classifier per pair")
+    sampling = [src.sampling for src in sources]
+    if any(s != sampling[0] for s in sampling):
+        shown = ", ".join(f"temperature {s['temperature']:g} top-p {s['top_p']:g}" for s in sampling)
+        raise DiscoError(f"the traces were collected under different sampling settings ({shown}): train one "
+                         "classifier per setting (acceptance depends on it)")
     # Older traces (disco-trace/1) lack the target-side signals: train on the features all sources have.
-    signals = all(all(c in src.rows.columns for c in (*TARGET_SIGNALS, *SIGNAL_COLUMNS)) for src in sources)
+    signals = all(all(c in src.rows.columns for c in TARGET_SIGNALS) and signal_columns(src.rows) for src in sources)
     features = [i for i, f in enumerate(FEATURES) if signals or f not in TARGET_SIGNALS]
     rows = pd.concat([src.rows.assign(_source=i) for i, src in enumerate(sources)], ignore_index=True)
     for f in FEATURES:
         if f not in rows.columns:
             rows[f] = 0.0  # never read: no model is given this column
     if not signals:
-        rows = rows.drop(columns=[c for c in SIGNAL_COLUMNS if c in rows.columns])
+        rows = rows.drop(columns=[c for c in (*SIGNAL_COLUMNS, "target_top1") if c in rows.columns])
     if any(h != hidden[0] for h in hidden) or hidden[0] is None:
         hidden = [None]  # hidden states only when every source holds the same kind
         rows = rows.drop(columns=[HIDDEN_COLUMN], errors="ignore")
@@ -151,7 +163,8 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
                          "rejected tokens (collect more or more varied prompts)")
     if rows["prompt_id"].nunique() < 2:
         raise DiscoError("the traces hold a single prompt: training needs at least two (split by prompt)")
-    return TraceData(rows, [src.max_new_tokens for src in sources], manifests, pairs[0], features, hidden[0])
+    return TraceData(rows, [src.max_new_tokens for src in sources], manifests, pairs[0], features, hidden[0],
+                     sampling[0])
 
 
 def split_by_prompt(prompt_ids: Sequence[str], val_fraction: float, seed: int,
@@ -175,19 +188,30 @@ def split_by_prompt(prompt_ids: Sequence[str], val_fraction: float, seed: int,
 
 
 def traces_for(data: TraceData, mask: np.ndarray) -> list[PromptTrace]:
-    """The simulator's per-prompt traces of the rows in `mask`, each with its source's budget."""
+    """The simulator's per-prompt traces of the rows in `mask`, each with its source's budget; sampled
+    traces count each window's expected acceptance (simulate.py)."""
     sub = data.rows[mask]
     return [tr for i, budget in enumerate(data.budgets)
-            for tr in prompt_traces(sub[sub["_source"] == i], budget, with_hidden=data.hidden is not None) if len(tr)]
+            for tr in prompt_traces(sub[sub["_source"] == i], budget, data.hidden is not None, data.sampled) if len(tr)]
 
 
 # --- models ------------------------------------------------------------------------------------
 
 
+def soft_rows(X: np.ndarray, soft: np.ndarray, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Soft labels as weighted hard ones: each row twice, labelled 1 with weight a and 0 with 1 - a.
+    The log-loss of that data is the cross-entropy against a, so any classifier taking sample weights
+    fits P(accept) to the soft label."""
+    w = np.ones(len(soft)) if weight is None else weight
+    return (np.concatenate([X, X]), np.concatenate([np.ones(len(soft), int), np.zeros(len(soft), int)]),
+            np.concatenate([w * soft, w * (1 - soft)]))
+
+
 def fit_model(kind: str, X: np.ndarray, y: np.ndarray, columns: Sequence[int] | None = None, seed: int = 0,
-              balanced: bool = False) -> Model:
+              balanced: bool = False, soft: np.ndarray | None = None) -> Model:
     """Fit on FEATURES[columns] of X (all when None) and return the portable model (artifact.py),
     which is what every later prediction uses, so the saved artifact predicts identically.
+    soft: fit on these acceptance probabilities instead of the labels y (soft_rows).
     (The head on the draft's hidden state is `fit_head`.)"""
     from sklearn.utils.class_weight import compute_sample_weight
 
@@ -195,6 +219,8 @@ def fit_model(kind: str, X: np.ndarray, y: np.ndarray, columns: Sequence[int] | 
         raise DiscoError(f"unknown model {kind!r}: choose one of {', '.join(MODEL_KINDS)}")
     cols = list(range(len(FEATURES))) if columns is None else list(columns)
     Xc, weight = X[:, cols], compute_sample_weight("balanced", y) if balanced else None
+    if soft is not None:
+        Xc, y, weight = soft_rows(Xc, soft, weight)
     if kind == "lightgbm":
         import lightgbm
 
@@ -214,7 +240,7 @@ def fit_model(kind: str, X: np.ndarray, y: np.ndarray, columns: Sequence[int] | 
     pipe = make_pipeline(StandardScaler(), clf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # small data: a few more iterations change little
-        pipe.fit(Xc, y, **{f"{pipe.steps[-1][0]}__sample_weight": weight} if balanced else {})
+        pipe.fit(Xc, y, **{f"{pipe.steps[-1][0]}__sample_weight": weight} if weight is not None else {})
     return DenseModel.from_sklearn(pipe, cols)
 
 
@@ -423,7 +449,7 @@ def _feature_groups() -> list[tuple[str, list[str]]]:
 
 def ablation(kind: str, X_tr: np.ndarray, y_tr: np.ndarray, X_val: np.ndarray, y_val: np.ndarray,
              traces: Sequence[PromptTrace], cost: CostModel, cfg: TrainConfig, full: Model, available: Sequence[int],
-             head: tuple[Model, np.ndarray] | None = None) -> list[dict]:
+             head: tuple[Model, np.ndarray] | None = None, soft_tr: np.ndarray | None = None) -> list[dict]:
     """Tuned simulated speedup (token rule) with DISCO's inputs only, all features, all but each added
     group, and (head: the model and its validation inputs) all features + the draft's hidden state."""
     from tqdm.auto import tqdm
@@ -438,7 +464,7 @@ def ablation(kind: str, X_tr: np.ndarray, y_tr: np.ndarray, X_val: np.ndarray, y
         if cols == "head":
             model, X_eval = head
         else:
-            model = full if cols is None else fit_model(kind, X_tr, y_tr, cols, cfg.seed, cfg.balanced)
+            model = full if cols is None else fit_model(kind, X_tr, y_tr, cols, cfg.seed, cfg.balanced, soft_tr)
             X_eval = X_val
         t = tune(traces, lambda th: replay_policy("classifier", threshold=th, model=model), THRESHOLD_GRID, cost,
                  cfg.max_window)
@@ -488,7 +514,8 @@ def per_task_table(data: TraceData, val_mask: np.ndarray, best: Learned, tuned: 
 
 
 def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X: np.ndarray, y: np.ndarray,
-               cost: CostModel, cfg: TrainConfig, full: tuple[Model, float, float], features: Sequence[int]) -> list[dict]:
+               cost: CostModel, cfg: TrainConfig, full: tuple[Model, float, float], features: Sequence[int],
+               soft: np.ndarray | None = None) -> list[dict]:
     """Train on one task, test on another: for each training task A (and all tasks together), fit
     on A's training prompts, tune the classifier's threshold (token rule) and tau on A's validation
     prompts, then simulate both on each task B's validation prompts (never seen in fitting or tuning).
@@ -508,7 +535,8 @@ def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X:
         if a == ALL_TASKS:
             model, t, tau = full
         else:
-            model = fit_model(cfg.model, X[fit], y[fit], features, cfg.seed, cfg.balanced)
+            model = fit_model(cfg.model, X[fit], y[fit], features, cfg.seed, cfg.balanced,
+                              None if soft is None else soft[fit])
             t = tune(tune_on, lambda th: replay_policy("classifier", threshold=th, model=model), THRESHOLD_GRID, cost,
                      cfg.max_window).best
             tau = tune(tune_on, lambda th: replay_policy("threshold", threshold=th), THRESHOLD_GRID, cost,
@@ -541,6 +569,7 @@ class TrainReport:
     cross_task: list[dict] = field(default_factory=list)
     choice: dict = field(default_factory=dict)  # what `--policy classifier` runs (train.choose)
     model_metrics: dict = field(default_factory=dict)  # validation metrics of every fitted model
+    decoding: str = "greedy decoding"  # what the traces decoded with, and the labels fitted
 
     def markdown(self) -> str:
         m = self.metrics
@@ -554,6 +583,8 @@ class TrainReport:
             f"**`--policy classifier` runs {chosen}**: simulated validation speedup {c.get('speedup', 0):.3f} vs "
             f"{c.get('tuned_threshold_speedup', 0):.3f} for the tuned threshold ({c.get('margin_vs_threshold', 1):.3f}x; "
             f"best learned policy {c.get('best_learned_speedup', 0):.3f}).",
+            "",
+            f"Trained and tuned for {self.decoding}.",
             "",
             f"Split by prompt: {self.split.get('train_prompts')} train / {self.split.get('val_prompts')} validation "
             f"prompts ({self.split.get('train_rows')} / {m['rows']} drafted rows); validation accept rate "
@@ -610,6 +641,8 @@ def train(cfg: TrainConfig) -> TrainReport:
         raise DiscoError(f"unknown model {cfg.model!r}: choose one of {', '.join(MODEL_KINDS)}")
     if cfg.max_window < 1:
         raise DiscoError(f"--max-window must be at least 1 (got {cfg.max_window})")
+    if cfg.labels not in LABELS:
+        raise DiscoError(f"unknown --labels {cfg.labels!r}: choose one of {', '.join(LABELS)}")
     cost = CostModel.load(cfg.profile) if cfg.profile is not None else CostModel.default(cfg.max_window)
     cost.verify(cfg.max_window + 1)  # fail now, not after training, if the profile is too short
     data = load_trace_data(cfg.traces)
@@ -622,13 +655,22 @@ def train(cfg: TrainConfig) -> TrainReport:
     tr, va = train_mask & drafted, val_mask & drafted
     if len(np.unique(y[tr])) < 2:
         raise DiscoError("the training prompts' drafted tokens are all of one class: add prompts or change --seed")
+    labels = ("soft" if data.sampled else "sampled") if cfg.labels == "auto" else cfg.labels
+    if labels == "soft" and not data.sampled:
+        raise DiscoError("--labels soft needs sampled traces (disco collect --temperature > 0): under greedy decoding "
+                         "acceptance is the label itself")
+    # Sampled traces: min(1, p/q) is the label's expectation given the drafted token, the same target with
+    # none of the accept/reject draw's noise. Metrics, calibration and tuning still use the sampled labels.
+    soft = rows["accept_prob"].to_numpy(np.float64) if labels == "soft" else None
+    soft_tr = None if soft is None else soft[tr]
 
     # The models: cfg.model on FEATURES, and the head on FEATURES + hidden state when the traces hold it.
-    raw: dict[str, Model] = {cfg.model: fit_model(cfg.model, X[tr], y[tr], data.features, cfg.seed, cfg.balanced)}
+    raw: dict[str, Model] = {cfg.model: fit_model(cfg.model, X[tr], y[tr], data.features, cfg.seed, cfg.balanced, soft_tr)}
     inputs: dict[str, np.ndarray] = {cfg.model: X}
     if cfg.head and data.hidden is not None:
         H = data.hidden_matrix(np.ones(len(rows), bool))
-        raw["head"] = fit_head(X[tr], H[tr], y[tr], data.features, rows["prompt_id"].to_numpy()[tr], cfg.seed)
+        raw["head"] = fit_head(X[tr], H[tr], y[tr] if soft is None else soft_tr, data.features,
+                               rows["prompt_id"].to_numpy()[tr], cfg.seed)
         inputs["head"] = np.concatenate([X, H], 1)
         del H
     models = {name: Calibrated(m, platt(m.predict_proba(inputs[name][va]), y[va])) for name, m in raw.items()}
@@ -641,11 +683,11 @@ def train(cfg: TrainConfig) -> TrainReport:
     token = next(e for e in learned if e.model_name == cfg.model and e.rule == "token")
     importance = permutation_importance(main, X[va], y[va], cfg.seed)
     head_eval = (models["head"], inputs["head"][va]) if "head" in models else None
-    abl = (ablation(cfg.model, X[tr], y[tr], X[va], y[va], val_traces, cost, cfg, main, data.features, head_eval)
-           if cfg.ablate else [])
+    abl = (ablation(cfg.model, X[tr], y[tr], X[va], y[va], val_traces, cost, cfg, main, data.features, head_eval,
+                    soft_tr) if cfg.ablate else [])
     tasks = per_task_table(data, val_mask, best, tuned, cost, cfg.max_window)
     cross = (cross_task(data, train_mask, val_mask, X, y, cost, cfg, (main, token.tuned.best, tuned["threshold"].best),
-                        data.features) if cfg.cross_task else [])
+                        data.features, soft) if cfg.cross_task else [])
 
     split = {
         "train_prompts": int(rows.loc[train_mask, "prompt_id"].nunique()),
@@ -655,8 +697,10 @@ def train(cfg: TrainConfig) -> TrainReport:
     }
     threshold = float(best.tuned.best)
     metrics = model_metrics[best.model_name]
+    decoding = (f"sampling at temperature {data.sampling['temperature']:g}, top-p {data.sampling['top_p']:g} "
+                f"({labels} labels; simulated with expected acceptance)" if data.sampled else "greedy decoding")
     report = TrainReport(cfg.out, threshold, metrics, table, importance, cost, abl, split, tasks, cross, choice,
-                         model_metrics)
+                         model_metrics, decoding)
     calibration = models[best.model_name].calibration
     save_artifact(cfg.out, raw[best.model_name], {
         "threshold": threshold,  # the parameter of `rule` (a P(accept) threshold for the token rule)
@@ -667,8 +711,10 @@ def train(cfg: TrainConfig) -> TrainReport:
         "pair": data.pair,
         "tokenizer_hash": data.pair.get("tokenizer_hash"),
         "max_window": cfg.max_window,
+        "sampling": data.sampling,  # the decoding it was trained and tuned for (generate warns at another)
         "training": {
             "rows": "oracle_drafted",
+            "labels": labels,
             "balanced": cfg.balanced,
             "seed": cfg.seed,
             "val_fraction": cfg.val_fraction,

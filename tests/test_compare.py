@@ -46,11 +46,16 @@ def test_cost_model_speedups_from_counts():
         {"runs": {TARGET_LABEL: run(2, 2, 0, []), "p": run(2, 1, 1, [1]), HF_LABEL: run(2, 1, 1, [])}},
     ]}
     out = cost_model_speedups(result, cost)
-    assert out[TARGET_LABEL] == {"pooled": 1.0, "median": 1.0}
+    assert out[TARGET_LABEL] == {"pooled": 1.0, "median": 1.0, "by_seed": {"None": 1.0}}
     times = [2.5 + 1.5 + 1.0 + 4 * 0.5, 1.5 + 0.5]  # 7.0 and 2.0
     assert out["p"]["pooled"] == pytest.approx(8 / sum(times))
     assert out["p"]["median"] == pytest.approx((6 / 7.0 + 2 / 2.0) / 2)
     assert out[HF_LABEL] is None
+    # sampling: the same prompts under two seeds, pooled per seed
+    for p, seed in zip(result["prompts"], (0, 1)):
+        p["seed"] = seed
+    by_seed = cost_model_speedups(result, cost)["p"]["by_seed"]
+    assert by_seed == {"0": pytest.approx(6 / 7.0), "1": pytest.approx(2 / 2.0)}
 
 
 def test_a_run_that_differs_is_counted_not_hidden():

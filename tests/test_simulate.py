@@ -60,7 +60,7 @@ def trace_frame(prompt_id: str, tok_feats: torch.Tensor, draft_tokens, target_to
     df = df.assign(prompt_id=prompt_id, task=task, gen_pos=np.arange(L), window_id=window_id, oracle_drafted=drafted,
                    label=labels, draft_token=list(draft_tokens), target_token=list(target_tokens), draft_prob=p,
                    target_prob=np.where(labels, 0.9, 0.05), accept_prob=1.0, overlap=0.5, target_top1=top1,
-                   target_entropy=ent, draft_prob_target=dpt)
+                   target_prob_target=top1, target_entropy=ent, draft_prob_target=dpt)
     # a 4-dim "hidden state" per position, float16 bytes as the collector stores it
     hid = np.stack([df["p_chosen"], df["entropy"], np.sin(np.arange(L)), np.ones(L)], 1).astype(np.float16)
     df[HIDDEN_COLUMN] = [row.tobytes() for row in hid]
