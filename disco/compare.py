@@ -333,6 +333,7 @@ def _record(pair: Pair, prompt_ids: list[int], config: DecodeConfig, res: GenRes
     return {**out, "target_logprob": target_logprob(pair, prompt_ids, res.tokens, config)}
 
 
+@torch.inference_mode()
 def target_logprob(pair: Pair, prompt_ids: list[int], tokens: list[int], config: DecodeConfig) -> float:
     """Sum over `tokens` of log p(token) under the target's sampling distribution (decode.warp at the
     config's temperature and top-p), from one teacher-forced target forward."""

@@ -1,5 +1,6 @@
 """`disco compare` on tiny models: one row per policy, outputs written, every policy lossless."""
 
+import dataclasses
 import json
 
 import torch
@@ -7,7 +8,7 @@ import torch
 import pytest
 
 from disco.compare import HF_LABEL, TARGET_LABEL, cost_model_speedups, default_entries, run_compare
-from disco.decode import DecodeConfig
+from disco.decode import DecodeConfig, target_generate
 from disco.pair import pair_from_models
 from disco.prompts import Prompt
 from tiny import char_tokenizer, tiny_pair
@@ -71,3 +72,37 @@ def test_a_run_that_differs_is_counted_not_hidden():
            "acceptance_rate": 0.5, "lossless": False, "mismatched_prompts": 2, "prompts": 9}
     line = format_table({"llama-server -md": row}).splitlines()[-1]
     assert "NO (2/9 prompts differ)" in line and "| – | – |" in line
+
+
+def test_compare_sampled_runs_seeds_and_reports_log_probs(tmp_path):
+    """Under sampling: every prompt under each seed, no oracle, no token-by-token check; each row's
+    target log-prob is that of its own output, and the table shows the spread over seeds."""
+    from disco.compare import format_table, target_logprob
+    from disco.errors import DiscoError
+
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    pair = pair_from_models(target, draft, char_tokenizer())
+    prompts = [Prompt(f"p{i}", "t", f"def f{i}(x): return") for i in range(2)]
+    config = DecodeConfig(max_new_tokens=12, temperature=0.8, top_p=0.9, seed=5)
+    entries = default_entries(tuned_threshold=0.2, sampling=True)
+    assert "oracle" not in [e.label for e in entries] and HF_LABEL in [e.label for e in entries]
+    result = run_compare(pair, prompts, entries, config, tmp_path, progress=False, seeds=3)
+    assert [(p["id"], p["seed"]) for p in result["prompts"]] == [(f"p{i}", s) for i in range(2) for s in (5, 6, 7)]
+    for label, s in result["summary"].items():
+        assert set(s["speedup_by_seed"]) == {"5", "6", "7"} and "lossless" not in s
+        assert s["target_logprob"] < 0, label
+    # the log-prob is the output's: target-only's second seed, decoded again
+    ids = pair.encode(prompts[0].prompt)
+    again = target_generate(pair.target, ids, dataclasses.replace(config, seed=6), pair.eos_token_ids).tokens
+    assert result["prompts"][1]["runs"][TARGET_LABEL]["target_logprob"] == pytest.approx(
+        target_logprob(pair, ids, again, config))
+    # different seeds give different outputs (the rows are not one run repeated)
+    base = [p["runs"][TARGET_LABEL]["target_logprob"] for p in result["prompts"][:3]]
+    assert len(set(base)) > 1
+    table = format_table(result["summary"])
+    assert "target log-prob/token" in table and "over 3 seeds" in table and "= target" not in table
+    with pytest.raises(DiscoError, match="oracle policy is defined for greedy"):
+        run_compare(pair, prompts, default_entries(), config, tmp_path, progress=False)
+    with pytest.raises(DiscoError, match="--seeds 2: give 1, or more with --temperature > 0"):
+        run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=12), tmp_path, progress=False, seeds=2)
+    assert target_logprob(pair, ids, [], config) == 0.0

@@ -324,3 +324,20 @@ def test_trace_hidden_states_and_signals_equal_the_live_loop_on_llamacpp(pair):
         np.testing.assert_allclose(stored, live_h, rtol=2e-3, atol=2e-3 * np.abs(live_h).max())
         checked += len(policy.rows)
     assert checked > 0
+
+
+def test_compare_sampled_on_llamacpp_with_server_rows(pair, tmp_path):
+    """Sampling on llama.cpp: disco's rows and llama-server's, seeded, with target log-probs."""
+    from disco.llamacpp_server import GREEDY_FIELDS, sampler_fields
+
+    fields = sampler_fields(0.7, 0.95, 3)
+    assert fields["samplers"] == ["temperature", "top_p"] and fields["top_k"] == 0 and fields["seed"] == 3
+    assert sampler_fields(0.0, 0.95, 3) == GREEDY_FIELDS
+    prompts = [Prompt("p0", "code", PROMPTS[0])]
+    entries = [e for e in default_entries(tuned_threshold=0.5, engine="llama.cpp", verify="exact", sampling=True)
+               if e.label in ("threshold 0.4", SERVER_TARGET_LABEL) or e.label.startswith(SERVER_LABEL + " (defaults")]
+    assert len(entries) == 3
+    config = DecodeConfig(max_new_tokens=12, temperature=0.7, top_p=0.95)
+    result = run_compare(pair, prompts, entries, config, tmp_path, chat=False, progress=False, plots=False, seeds=2)
+    for label, s in result["summary"].items():
+        assert s["tokens_per_s"] > 0 and s["target_logprob"] < 0 and len(s["speedup_by_seed"]) == 2, label
