@@ -142,8 +142,9 @@ def compare(
                                                  "bench/tune_llama_server.py, if any)."),
     server_n_max: Optional[int] = typer.Option(None, help="llama.cpp: draft-max of that tuned llama-server row."),
     policies: Optional[str] = typer.Option(None, help="Run only these rows, comma-separated policy names (constant, "
-                                           "heuristic, threshold, adaedl, svip, classifier, oracle) or anchors "
-                                           "(transformers, llama-server); target-only always runs. Default: every row."),
+                                           "heuristic, threshold, adaedl, svip, classifier, oracle; rules: the "
+                                           "classifier under each of its other rules) or anchors (transformers, "
+                                           "llama-server); target-only always runs. Default: every row."),
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each file."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
     max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),

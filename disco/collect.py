@@ -10,6 +10,7 @@ Under sampling (--temperature > 0) y is a seeded sample of the target, and at ea
 drafted token and its accept/reject outcome are drawn from their distribution *given* y under
 the loop's rejection sampling (`coupled_draft`), so a sampled trace is one realisation of the
 live loop's randomness (see `coupled_draft` for what that does and does not approximate).
+
 Prompts are traced round-robin over tasks, so a partial (or interrupted) run covers every task.
 
 Storage (schema in disco/trace.py): `OUT/manifest.json` beside `OUT/data/`, which holds Parquet
@@ -244,9 +245,9 @@ def encode_hidden(states: torch.Tensor) -> list[bytes]:
 
 
 def target_continuation(pair: Pair, prompt_ids: Sequence[int], config: DecodeConfig) -> tuple[list[int], torch.Tensor]:
-    """The target's continuation y (greedy, or sampled with config.seed) by plain target-only decoding, and
-    the target's logits at every position of y from the same steps (so the trace needs no second target pass). Target-only: on the
-    llama.cpp engine no speculation pays at 2 threads (bench/RESULTS.md), and on torch the whole
+    """The target's continuation y (greedy, or sampled with config.seed) by plain target-only decoding,
+    and the target's logits at every position of y from the same steps (so the trace needs no second
+    target pass). Target-only: on the llama.cpp engine no speculation pays at 2 threads (bench/RESULTS.md), and on torch the whole
     collection still costs about one plain generation."""
     rows: list[torch.Tensor] = []
     y = target_generate(pair.target, list(prompt_ids), config, pair.eos_token_ids, rows).tokens

@@ -129,19 +129,28 @@ def tuned_from_artifact(path: str | Path) -> dict:
 
 def select_entries(entries: list[Entry], names: str | None) -> list[Entry]:
     """The entries whose policy name (constant, threshold, adaedl, classifier, …) or label prefix
-    (transformers, llama-server) is in the comma-separated `names`; all when None. Target-only
-    always runs: it is every speedup's denominator."""
+    (transformers, llama-server) is in the comma-separated `names`; all when None. `rules` names the
+    classifier's rows under each of its other rules. Target-only always runs: it is every speedup's
+    denominator."""
     from disco.policy import POLICY_NAMES
 
     if not names:
         return entries
     wanted = {n.strip() for n in names.split(",") if n.strip()}
-    known = [*POLICY_NAMES, HF_LABEL, "llama-server"]
+    known = [*POLICY_NAMES, RULES_NAME, HF_LABEL, "llama-server"]
     unknown = sorted(wanted - set(known))
     if unknown or not wanted:
         raise DiscoError(f"--policies: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(known)}")
-    name = lambda e: e.spec.name if e.spec is not None else e.label.split(" ")[0]  # noqa: E731
-    return [e for e in entries if name(e) in wanted]
+    return [e for e in entries if _selection_name(e) in wanted]
+
+
+RULES_NAME = "rules"  # --policies name of the classifier's per-rule rows
+
+
+def _selection_name(e: Entry) -> str:
+    if e.spec is None:
+        return e.label.split(" ")[0]
+    return RULES_NAME if e.spec.classifier_rule is not None else e.spec.name
 
 
 def tuned_server(path: str | Path) -> dict | None:

@@ -272,7 +272,10 @@ def test_policies_selects_rows():
                  "classifier token rule 0.9 (tuned)", "classifier cost rule 1.2 (tuned)", "transformers"):
         assert want in labels, want
     chosen = select_entries(entries, "classifier,svip")
-    assert {e.spec.name for e in chosen} == {"classifier", "svip"} and len(chosen) == 5
+    assert {e.spec.name for e in chosen} == {"classifier", "svip"} and len(chosen) == 3  # the shipped classifier
+    chosen = select_entries(entries, "classifier,rules")  # ... and its other rules
+    assert [e.label for e in chosen] == ["classifier", "classifier token rule 0.9 (tuned)",
+                                         "classifier cost rule 1.2 (tuned)"]
     assert [e.label for e in select_entries(entries, "transformers")] == ["transformers"]
     assert select_entries(entries, None) == entries
     with pytest.raises(DiscoError, match="unknown clasifier"):
