@@ -22,9 +22,9 @@ TORCH_TRACES=${TORCH_TRACES:-traces/torch-t$T-train-$MAX_NEW}
 LLAMA_CLF=${LLAMA_CLF:-models/embedded-qwen2.5-coder-llamacpp-t$T}   # shipped: the llama.cpp policy for T
 LLAMA_GREEDY=${LLAMA_GREEDY:-models/embedded-qwen2.5-coder-llamacpp}  # shipped: the greedy one
 TORCH_CLF=${TORCH_CLF:-runs/sampling/torch-t$T-classifier}
-TORCH_GREEDY=${TORCH_GREEDY:-runs/signals/torch-classifier}          # bench/signals_pipeline.sh torch-train
+TORCH_GREEDY=${TORCH_GREEDY:-models/embedded-qwen2.5-coder}                # shipped: the greedy torch policy
 OUT=${OUT:-bench/sampling}
-STEPS=${STEPS:-collect train torch-collect torch-train torch-compare compare train-sampled-labels}
+STEPS=${STEPS:-collect train compare collect-test sim-vs-live torch-collect torch-train torch-compare train-sampled-labels}
 TESTS=code-test,explain-test,write-test
 mkdir -p "$OUT" runs/sampling
 
@@ -63,5 +63,11 @@ for step in $STEPS; do case $step in
       --out "$OUT/compare-llamacpp-t$T" 2>&1 | tee "$OUT/compare-llamacpp-t$T.log"
     $PY bench/cost_model_table.py "$OUT/compare-llamacpp-t$T/compare.json" bench/llamacpp/profile-exact.json \
       bench/llamacpp/profile-fast.json | tee "$OUT/compare-llamacpp-t$T-cost.md" ;;
+  collect-test)  # 7. sampled traces of compare's own test prompts, to check the simulator against it
+    $DISCO collect --engine llama.cpp --prompts $TESTS --limit "$TEST_PER_TASK" --max-new-tokens "$MAX_NEW" \
+      $SAMPLING --out "traces/llamacpp-t$T-test-$MAX_NEW" 2>&1 | tee -a "$OUT/collect-llamacpp-t$T-test.log" ;;
+  sim-vs-live)
+    $PY bench/sim_vs_live.py "traces/llamacpp-t$T-test-$MAX_NEW" "$OUT/compare-llamacpp-t$T/compare.json" \
+      bench/llamacpp/profile-exact.json "$LLAMA_CLF" "$LLAMA_GREEDY" | tee "$OUT/sim-vs-live-llamacpp-t$T.md" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac; done

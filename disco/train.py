@@ -187,12 +187,13 @@ def split_by_prompt(prompt_ids: Sequence[str], val_fraction: float, seed: int,
     return ~val, val
 
 
-def traces_for(data: TraceData, mask: np.ndarray) -> list[PromptTrace]:
+def traces_for(data: TraceData, mask: np.ndarray, expected: bool | None = None) -> list[PromptTrace]:
     """The simulator's per-prompt traces of the rows in `mask`, each with its source's budget; sampled
-    traces count each window's expected acceptance (simulate.py)."""
+    traces count each window's expected acceptance (simulate.py) unless `expected` is False."""
     sub = data.rows[mask]
+    expected = data.sampled if expected is None else expected
     return [tr for i, budget in enumerate(data.budgets)
-            for tr in prompt_traces(sub[sub["_source"] == i], budget, data.hidden is not None, data.sampled) if len(tr)]
+            for tr in prompt_traces(sub[sub["_source"] == i], budget, data.hidden is not None, expected) if len(tr)]
 
 
 # --- models ------------------------------------------------------------------------------------
@@ -697,8 +698,16 @@ def train(cfg: TrainConfig) -> TrainReport:
     }
     threshold = float(best.tuned.best)
     metrics = model_metrics[best.model_name]
-    decoding = (f"sampling at temperature {data.sampling['temperature']:g}, top-p {data.sampling['top_p']:g} "
-                f"({labels} labels; simulated with expected acceptance)" if data.sampled else "greedy decoding")
+    decoding = "greedy decoding"
+    if data.sampled:  # the check: the same policies replayed with the traces' sampled outcomes instead
+        check = simulate_many(traces_for(data, val_mask, expected=False),
+                              {"chosen": best.factory(cost), "threshold": replay_policy("threshold",
+                                                                                         threshold=tuned["threshold"].best)},
+                              cfg.max_window)
+        decoding = (f"sampling at temperature {data.sampling['temperature']:g}, top-p {data.sampling['top_p']:g} "
+                    f"({labels} labels; simulated with expected acceptance; with the traces' sampled outcomes instead: "
+                    f"best learned policy {check['chosen'].speedup(cost):.3f}, tuned threshold "
+                    f"{check['threshold'].speedup(cost):.3f})")
     report = TrainReport(cfg.out, threshold, metrics, table, importance, cost, abl, split, tasks, cross, choice,
                          model_metrics, decoding)
     calibration = models[best.model_name].calibration

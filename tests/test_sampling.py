@@ -237,3 +237,25 @@ def test_artifact_warns_at_another_temperature(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         art.check_sampling(0.7, 0.95)  # its own setting: silent
+
+
+def test_sampled_traces_match_live_runs_on_tiny_models():
+    """On a real (tiny) pair, whose distributions depend on the context, the one approximation of
+    sampled traces is greedy's (drafting past a rejection): accepted tokens and rounds average to the
+    live loop's, and draft forwards come close."""
+    from tiny import tiny_pair
+
+    target, draft = tiny_pair(noise=0.3)
+    pair = Pair(target, draft, None, "t", "d", torch.device("cpu"), torch.float64, frozenset())
+    table = torch.arange(VOCAB) % 3
+    n, max_new, window, prompt = 80, 12, 4, [5, 9, 14]
+    frames = [trace_prompt(pair, prompt, DecodeConfig(max_new, window, 1.0, 0.95, s), table, f"s{s}").to_pandas()
+              for s in range(n)]
+    sim = simulate(prompt_traces(pd.concat(frames, ignore_index=True), max_new, expected=True),
+                   replay_policy("threshold", threshold=0.3), window)
+    live = [speculative_generate(target, draft, prompt, make_policy("threshold", threshold=0.3),
+                                 DecodeConfig(max_new, window, 1.0, 0.95, s)).stats for s in range(1000, 1000 + n)]
+    for key, slack in (("accepted", 0.0), ("target_forwards", 0.0), ("draft_forwards", 0.05)):
+        a = np.array([float(getattr(s, key)) for s in live])
+        b = np.array([float(getattr(s, key)) for s in sim.stats])
+        assert abs(a.mean() - b.mean()) < 4 * (a.var() / n + b.var() / n) ** 0.5 + slack * a.mean(), (key, a.mean(), b.mean())
