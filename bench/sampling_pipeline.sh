@@ -23,8 +23,9 @@ LLAMA_CLF=${LLAMA_CLF:-models/embedded-qwen2.5-coder-llamacpp-t$T}   # shipped: 
 LLAMA_GREEDY=${LLAMA_GREEDY:-models/embedded-qwen2.5-coder-llamacpp}  # shipped: the greedy one
 TORCH_CLF=${TORCH_CLF:-runs/sampling/torch-t$T-classifier}
 TORCH_GREEDY=${TORCH_GREEDY:-models/embedded-qwen2.5-coder}                # shipped: the greedy torch policy
+TORCH_LLAMA_TRACES=${TORCH_LLAMA_TRACES:-runs/sampling/llamacpp-t$T-torchcost-soft}  # step 3: llama.cpp traces, torch costs
 OUT=${OUT:-bench/sampling}
-STEPS=${STEPS:-collect train compare collect-test sim-vs-live torch-collect torch-train torch-compare train-sampled-labels}
+STEPS=${STEPS:-collect train compare collect-test sim-vs-live train-sampled-labels torch-collect torch-train torch-compare}
 TESTS=code-test,explain-test,write-test
 mkdir -p "$OUT" runs/sampling
 
@@ -50,9 +51,10 @@ for step in $STEPS; do case $step in
     $DISCO train --traces "$TORCH_TRACES" --profile bench/signals/profile-torch.json --out "$TORCH_CLF" \
       2>&1 | tee "$OUT/train-torch-t$T.log" ;;
   torch-compare)  # 5. the rows the goals name: threshold tuned for T, transformers' assisted generation at T,
-                  #    the classifier trained for T and the greedy-trained one
+                  #    the classifier trained for T and the greedy-trained one; and one trained on the (6x more)
+                  #    llama.cpp traces at T under torch's costs
     $DISCO compare --engine torch --prompts $TESTS --limit "$TORCH_TEST_PER_TASK" --max-new-tokens "$MAX_NEW" \
-      $SAMPLING --seeds "$SEEDS" --classifier "$TORCH_CLF" --classifier "$TORCH_GREEDY" \
+      $SAMPLING --seeds "$SEEDS" --classifier "$TORCH_CLF" --classifier "$TORCH_GREEDY" --classifier "$TORCH_LLAMA_TRACES" \
       --policies threshold,classifier,transformers --out "$OUT/compare-torch-t$T" 2>&1 | tee "$OUT/compare-torch-t$T.log"
     $PY bench/cost_model_table.py "$OUT/compare-torch-t$T/compare.json" bench/signals/profile-torch.json \
       | tee "$OUT/compare-torch-t$T-cost.md" ;;

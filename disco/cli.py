@@ -13,6 +13,7 @@ from disco.cpu import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.decode import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
 from disco.engines.base import DEFAULT_ENGINE
 from disco.engines.llamacpp import DEFAULT_VERIFY
+from disco.engines.torch_engine import DEFAULT_CACHE
 from disco.pair import DEFAULT_DRAFT_QUANT
 from disco.demo import DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK
 from disco.errors import DiscoError
@@ -49,6 +50,9 @@ VerifyOpt = typer.Option(DEFAULT_VERIFY, help="llama.cpp engine: fast (one batch
                          "output may differ from target-only decoding where batched kernels round differently, "
                          "compare reports it) or exact (micro-batches that round like one-token steps: output "
                          "identical to target-only decoding, verification costs more).")
+CacheOpt = typer.Option(DEFAULT_CACHE, help="torch engine: the models' KV caches. static: preallocated and position-indexed "
+                        "(rollback moves a length; what captured CUDA graphs need; decoder-only models); dynamic: "
+                        "transformers' DynamicCache; auto: static on cuda for decoder-only models, else dynamic.")
 TemperatureOpt = typer.Option(0.0, help="0 = greedy (output identical to the target's greedy decoding); above 0: "
                               "sampling, with the target's distribution kept by rejection sampling.")
 TopPOpt = typer.Option(1.0, help="Nucleus sampling mass (with --temperature > 0), applied to target and draft alike.")
@@ -90,6 +94,7 @@ def generate(
     engine: str = EngineOpt,
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
+    cache: str = CacheOpt,
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
@@ -108,7 +113,7 @@ def generate(
     items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache)
     records = []
     for item in items:
         res = run_generate(pair, item.prompt, spec, config, chat)
@@ -163,6 +168,7 @@ def compare(
     engine: str = EngineOpt,
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
+    cache: str = CacheOpt,
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
@@ -188,7 +194,7 @@ def compare(
         tuned_threshold = tuned.get("threshold") if tuned_threshold is None else tuned_threshold
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache)
     server_tuned = {k: v for k, v in (("p_min", server_p_min), ("n_max", server_n_max)) if v is not None}
     if classifier is not None and not server_tuned:  # tuned beside the artifact (bench/tune_llama_server.py)
         from disco.compare import tuned_server
@@ -230,6 +236,7 @@ def collect(
     engine: str = EngineOpt,
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
+    cache: str = CacheOpt,
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Oracle traces: draft features with accept/reject labels at every position of the target's
@@ -249,7 +256,7 @@ def collect(
     with distributed() as dist:
         if dist.rank == 0:
             _say(f"loading the pair … ({len(items)} prompts, {dist.world} process{'es' * (dist.world > 1)})")
-        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant))
+        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache))
         stats = run_collect(pair, items, out, config, chat=chat, overwrite=overwrite, dist=dist, sources=prompts,
                             shard_prompts=shard_prompts)
     _say(stats.summary())
@@ -301,6 +308,7 @@ def profile(
     engine: str = EngineOpt,
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
+    cache: str = CacheOpt,
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Measure the pair's cost model on this machine: draft step c_d, target verification c_t(k)."""
@@ -309,7 +317,7 @@ def profile(
     from disco.profile import default_profile_path, format_profile, profile_pair
 
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache)
     result = profile_pair(pair, max_window, context, repeats, warmup)
     path = out if out is not None else default_profile_path(pair)
     atomic_write_json(path, result)

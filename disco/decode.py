@@ -175,7 +175,8 @@ def speculative_generate(
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=device)  # prompt + output so far
     if max_window > 0:
         check_compatible(target, draft)
-    t_state = target.session(ids)
+    capacity = len(prompt_ids) + config.max_new_tokens  # the furthest position any forward reaches
+    t_state = target.session(ids, capacity=capacity)
     t_state.prefill()  # everything but the pending (last) token
     want_hidden = max_window > 0 and policy.needs_hidden
     d_state = None  # the draft's session opens (and prefills) at its first window: a policy may never draft
@@ -191,7 +192,7 @@ def speculative_generate(
         q_rows: list[torch.Tensor] = []
         if k_max > 0 and policy.drafts():
             if d_state is None:
-                d_state = draft.session(ids[:n_prompt], hidden=want_hidden)
+                d_state = draft.session(ids[:n_prompt], hidden=want_hidden, capacity=capacity)
                 d_state.prefill()
             policy.start()
             feed = d_state.unseen(ids)
@@ -303,7 +304,6 @@ def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeCon
         )
     if spec.name == "target":
         return target_generate(pair.target, ids, config, pair.eos_token_ids)
-    target_tokens = None
     if spec.name == "oracle":
         if config.temperature > 0:
             raise DiscoError("the oracle policy is defined for greedy decoding only: use --temperature 0")

@@ -17,6 +17,7 @@ import torch
 from disco.cpu import DEFAULT_CPU_BACKEND, apply_cpu_backend, check_cpu_backend, cpu_backend_of
 from disco.engines.base import DEFAULT_ENGINE, ENGINES, as_engine
 from disco.engines.llamacpp import DEFAULT_VERIFY
+from disco.engines.torch_engine import CACHES, DEFAULT_CACHE, TorchEngine
 from disco.errors import DiscoError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -255,16 +256,22 @@ def load_pair(
     threads: int | None = None,
     verify: str = DEFAULT_VERIFY,
     draft_quant: str = DEFAULT_DRAFT_QUANT,
+    cache: str = DEFAULT_CACHE,
 ) -> Pair:
     """Load a pair; with neither model given, the embedded Qwen2.5-Coder pair.
 
     engine: torch (transformers; on the CPU both models' Linear layers use `cpu_backend`,
-    disco/cpu.py), llama.cpp (GGUF files; `threads`, `verify`, `draft_quant`: load_llamacpp_pair),
-    or auto (resolve_engine)."""
+    disco/cpu.py; `cache`: their KV caches, torch_engine.CACHES), llama.cpp (GGUF files; `threads`,
+    `verify`, `draft_quant`: load_llamacpp_pair), or auto (resolve_engine)."""
     if (target is None) != (draft is None):
         raise DiscoError("give both --target and --draft, or neither (the embedded default pair)")
+    if cache not in CACHES:
+        raise DiscoError(f"unknown --cache {cache!r}: choose one of {', '.join(CACHES)}")
     engine = resolve_engine(engine, target, draft, device)
     if engine == "llama.cpp":
+        if cache != DEFAULT_CACHE:
+            raise DiscoError(f"--cache {cache} is for the torch engine: llama.cpp keeps its own KV cache (drop --cache, "
+                             "or add --engine torch)")
         return load_llamacpp_pair(target, draft, threads, verify, draft_quant)
     check_cpu_backend(cpu_backend)
     if target is None:
@@ -285,6 +292,9 @@ def load_pair(
         role = lambda enc: "an encoder-decoder" if enc else "decoder-only"  # noqa: E731
         raise DiscoError(f"target {names[0]} is {role(kinds[0])} but draft {names[1]} is {role(kinds[1])}: "
                          "pick a draft of the target's family")
+    if kinds[0] and cache == "static":
+        raise DiscoError(f"--cache static: {names[0]} is an encoder-decoder, whose cache stays dynamic; use --cache "
+                         "dynamic or auto")
     if kinds[0] and dev.type == "cpu" and cpu_backend in _PACKED_CPU_BACKENDS:
         if cpu_backend == "int8":
             raise DiscoError("--cpu-backend int8 does not support encoder-decoder models (T5): use transposed or eager")
@@ -294,6 +304,8 @@ def load_pair(
     if dev.type == "cpu":
         apply_cpu_backend(target_model, cpu_backend)
         apply_cpu_backend(draft_model, cpu_backend)
+    for model in (target_model, draft_model):
+        TorchEngine.of(model).set_cache(cache)
     return Pair(target_model, draft_model, target_tok, names[0], names[1], dev, dt, eos_ids(target_model, target_tok))
 
 

@@ -80,7 +80,7 @@ def profile_pair(pair: Pair, max_window: int = DEFAULT_MAX_WINDOW, context: int 
     # forward's warm-up feeds the last; after that every timing starts from exactly `context`.
     sessions = {}
     for role, model in (("target", pair.target), ("draft", pair.draft)):
-        sessions[role] = as_engine(model).session(ids[:context])
+        sessions[role] = as_engine(model).session(ids[:context], capacity=len(ids))
         sessions[role].prefill()
         sessions[role].forward(ids[context - 1 : context], 1)
     feed = ids[context:]
@@ -119,6 +119,8 @@ def default_profile_path(pair: Pair) -> Path:
         hw = f"llama.cpp-{engine['threads']}t-{engine['verify']}"
     else:
         hw = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else f"cpu-{info['cpu_backend']}"
+        if engine.get("cache") == "static":  # (dynamic keeps the name profiles had before static caches)
+            hw += "-static"
     key = f"{name}__{hw}__{info['dtype']}"
     return cache_root() / "profiles" / (re.sub(r"[^A-Za-z0-9._-]+", "-", key) + ".json")
 

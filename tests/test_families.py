@@ -20,7 +20,8 @@ from disco.collect import collect, teacher_forced_trace
 from disco.train import RULE_GRIDS
 from disco.compare import default_entries, hf_assisted_generate, run_compare
 from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
-from disco.engines.torch_engine import model_kind
+from disco.engines.base import teacher_forced
+from disco.engines.torch_engine import TorchEngine, model_kind, resolve_cache
 from disco.errors import DiscoError
 from disco.features import FEATURES, token_class_table
 from disco.hf import disco_generate
@@ -136,6 +137,78 @@ def test_greedy_lossless_every_policy(family):
     res = speculative_generate(target, draft, PROMPTS[3], make_policy("constant", k=3),
                                DecodeConfig(max_new_tokens=12, max_window=4, temperature=1.0, seed=1))
     assert len(res.tokens) == 12 and res.stats.drafted > 0
+
+
+DECODER_ONLY = [f for f in FAMILIES if f != "t5"]
+
+
+@pytest.fixture
+def static_caches():
+    """Run the given models' decodes on static caches (TorchEngine.set_cache), dynamic again after."""
+    engines = []
+
+    def use(*models):
+        for m in models:
+            engines.append(TorchEngine.of(m).set_cache("static"))
+
+    yield use
+    for engine in engines:
+        engine.set_cache("auto")
+
+
+@pytest.mark.parametrize("family", DECODER_ONLY)
+def test_static_cache_lossless_every_policy(family, static_caches):
+    """On preallocated, position-indexed caches (rollback moves a length) the loop's greedy output
+    equals the dynamic loop's and target-only's, for every policy, with no token re-run."""
+    target, draft = tiny_family_pair(family)
+    configs = [DecodeConfig(max_new_tokens=[2, 7, 16, 24][i % 4], max_window=6) for i in range(len(PROMPTS))]
+    refs = [target_generate(target, p, c).tokens for p, c in zip(PROMPTS, configs)]
+    dynamic = {name: [speculative_generate(target, draft, p, make_policy(name, k=3, target_tokens=r), c).tokens
+                      for p, c, r in zip(PROMPTS, configs, refs)] for name in ("constant", "threshold", "oracle")}
+    static_caches(target, draft)
+    assert isinstance(TorchEngine.of(target).session(torch.tensor(PROMPTS[0]), capacity=20).cache, tf.StaticCache)
+    assert [target_generate(target, p, c).tokens for p, c in zip(PROMPTS, configs)] == refs
+    for name in ("constant", "heuristic", "threshold", "adaptive", "oracle"):
+        accepted = drafted = 0
+        for i, (prompt, config, ref) in enumerate(zip(PROMPTS, configs, refs)):
+            policy = make_policy("threshold" if name == "adaptive" else name, adaptive=name == "adaptive", k=3,
+                                 target_tokens=ref)
+            res = speculative_generate(target, draft, prompt, policy, config)
+            assert res.tokens == ref, (family, name, prompt)
+            assert name not in dynamic or res.tokens == dynamic[name][i]
+            assert res.stats.recomputed_tokens == 0
+            accepted, drafted = accepted + res.stats.accepted, drafted + res.stats.drafted
+        assert accepted > 0 and (drafted > accepted or name == "oracle")  # rollback after partial acceptance ran
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_bigcode"])
+def test_static_rollback_keeps_exactly_the_committed_prefix(family, static_caches):
+    """After a rejected window, the static cache's valid length is the committed prefix, and the next
+    forward sees that prefix only (stale entries past it are overwritten or masked)."""
+    target, _ = tiny_family_pair(family)
+    static_caches(target)
+    seq = torch.tensor([5, 9, 14, 20, 7, 3, 11, 30, 2, 8])
+    session = TorchEngine.of(target).session(seq[:4], capacity=16)
+    session.prefill()
+    session.forward(seq[3:9], 1)  # the pending token and 5 more: 9 positions
+    assert session.length == 9 and int(session.cache.get_seq_length()) == 9
+    session.truncate(6)  # keep prompt + 2 output tokens
+    assert session.length == 6 and int(session.cache.get_seq_length()) == 6
+    other = torch.tensor([40, 41, 42])  # not what the stale entries at 6.. held
+    assert session.unseen(torch.cat([seq[:6], other])).tolist() == other.tolist()
+    got = session.forward(other, 3)
+    ref, _ = teacher_forced(target, torch.cat([seq[:6], other, seq[:1]]), 7)  # uncached logits at positions 6..8
+    assert torch.allclose(got, ref, atol=1e-9, rtol=0)
+    assert session.length == 9
+
+
+def test_static_cache_refused_where_it_does_not_apply():
+    t5, _ = tiny_family_pair("t5")
+    with pytest.raises(DiscoError, match="encoder-decoder, whose cache stays dynamic"):
+        TorchEngine.of(t5).set_cache("static")
+    with pytest.raises(DiscoError, match="unknown --cache 'big'"):
+        TorchEngine.of(t5).set_cache("big")
+    assert resolve_cache(t5, "auto") == "dynamic" == resolve_cache(tiny_family_pair("llama")[0], "auto")  # CPU
 
 
 @pytest.mark.parametrize("family", ["llama", "t5"])
@@ -355,6 +428,15 @@ def test_cli_pair_option(family, tmp_path, capsys):
         assert data["pair"]["cpu_backend"] == ("transposed" if family == "t5" else "onednn")
         outs[policy] = data["results"][0]["token_ids"]
     assert outs["constant"] == outs["target"] == outs["threshold"] and len(outs["target"]) == 10
+    static = ["generate", "--pair", pair_file, "--prompt", "def f(x):", "--policy", "constant", "--max-new-tokens", 10,
+              "--device", "cpu", "--cache", "static", "--json", tmp_path / "static.json"]
+    code, _, err = cli(capsys, *static)
+    if family == "t5":
+        assert code == 2 and "encoder-decoder, whose cache stays dynamic" in err
+    else:
+        assert code == 0, err
+        data = json.loads((tmp_path / "static.json").read_text())
+        assert data["pair"]["engine"]["cache"] == "static" and data["results"][0]["token_ids"] == outs["target"]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "task": "t", "prompt": f"x = {i} +"}) + "\n"
                                for i in range(3)))

@@ -3,7 +3,7 @@
 The loop speaks in token ids of prompt + output (`ids`); a session maps them onto its model's
 own sequence and KV cache:
 
-    session = engine.session(prompt)        # a fresh KV cache for this prompt
+    session = engine.session(prompt, capacity=n)  # a fresh KV cache for this prompt, reaching n positions
     session.prefill()                       # every prompt token but the last (the pending one)
     logits = session.forward(tokens, keep)  # k new tokens -> (keep, vocab) logits of the last `keep`
     session.truncate(n_ids)                 # roll back: keep the first n_ids tokens of prompt + output
@@ -46,7 +46,8 @@ class Engine(Protocol):
     name: str  # "torch" or "llama.cpp": recorded in traces, profiles and artifacts
     device: torch.device  # where its logits live
 
-    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False) -> Session: ...
+    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False,
+                capacity: int | None = None) -> Session: ...  # capacity: prompt + output positions it may reach
 
     @property
     def context_length(self) -> int: ...
@@ -61,8 +62,9 @@ class Engine(Protocol):
 
 
 # describe() fields that change how fast an engine runs, not the numbers it computes: llama.cpp's
-# thread count (each row is reduced by one thread) and its exact width (the model and the build fix it)
-SPEED_ONLY = ("threads", "exact_width")
+# thread count (each row is reduced by one thread) and its exact width (the model and the build fix it),
+# torch's KV cache (static and dynamic hold the same keys and values)
+SPEED_ONLY = ("threads", "exact_width", "cache")
 
 
 def numeric_identity(engine_info: dict | None) -> dict:

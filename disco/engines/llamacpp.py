@@ -267,10 +267,12 @@ class LlamaCppEngine:
 
     # --- running -------------------------------------------------------------------------------
 
-    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False) -> LlamaCppSession:
-        """A decode from an empty KV cache. use_cache is accepted for the interface: a llama.cpp
-        context always has its cache, and a fresh session starts it empty. hidden: also output the
-        last layer's states (llama.cpp's per-token embeddings, after the final norm)."""
+    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False,
+                capacity: int | None = None) -> LlamaCppSession:
+        """A decode from an empty KV cache. use_cache and capacity are accepted for the interface: a
+        llama.cpp context always has its cache, of n_ctx positions fixed at load, and a fresh session
+        starts it empty. hidden: also output the last layer's states (llama.cpp's per-token
+        embeddings, after the final norm)."""
         if self.verify == "exact":
             self.exact_width  # noqa: B018 -- probe once, before the session owns the cache
         self._session_id += 1

@@ -1,7 +1,14 @@
-"""The torch engine: transformers models (decoder-only and encoder-decoder), DynamicCache.
+"""The torch engine: transformers models (decoder-only and encoder-decoder), dynamic or static KV caches.
 
 What differs between model families lives here, not in the loop. Rollback is a cache crop;
 a cache type without a working crop is rebuilt and the kept tokens are re-run (`recomputed`).
+
+Two caches (`TorchEngine.cache`, `--cache`): transformers' DynamicCache grows by concatenation and
+crops by slicing; a StaticCache is preallocated for the whole decode (prompt + budget) and
+position-indexed, so rolling back only moves its length (stale entries past it are overwritten by
+the next forward and, until then, hidden by the causal mask). Static is what captured CUDA graphs
+need (fixed addresses); `auto` picks it for decoder-only models on CUDA and keeps dynamic on the
+CPU (no launch overhead to save, and no preallocation) and for encoder-decoders.
 """
 
 from __future__ import annotations
@@ -68,9 +75,30 @@ def check_compatible(target: torch.nn.Module, draft: torch.nn.Module) -> None:
                          f"{d.decoder_start}): pick a draft of the target's family")
 
 
-def _new_cache(model: torch.nn.Module):
-    from transformers import DynamicCache, EncoderDecoderCache
+CACHES = ("auto", "static", "dynamic")
+DEFAULT_CACHE = "auto"  # static for decoder-only models on CUDA, dynamic elsewhere (resolve_cache)
 
+
+def resolve_cache(model: torch.nn.Module, cache: str) -> str:
+    """"static" or "dynamic": the cache a decode of `model` uses under the `--cache` choice."""
+    if cache not in CACHES:
+        raise DiscoError(f"unknown --cache {cache!r}: choose one of {', '.join(CACHES)}")
+    encoder_decoder = model_kind(model).encoder_decoder
+    if cache == "static" and encoder_decoder:
+        raise DiscoError(f"--cache static: {type(model).__name__} is an encoder-decoder, whose cache stays "
+                         "dynamic; use --cache dynamic or auto")
+    if cache == "auto":
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        return "static" if on_cuda and not encoder_decoder else "dynamic"
+    return cache
+
+
+def _new_cache(model: torch.nn.Module, static_len: int | None = None):
+    """A fresh KV cache: static for `static_len` positions, else dynamic."""
+    from transformers import DynamicCache, EncoderDecoderCache, StaticCache
+
+    if static_len is not None:  # decoder-only (resolve_cache): rollback is moving its length
+        return StaticCache(config=model.config, max_cache_len=static_len)
     cache = DynamicCache(config=model.config)
     if model_kind(model).encoder_decoder:
         cache = EncoderDecoderCache(cache, DynamicCache(config=model.config))
@@ -80,13 +108,6 @@ def _new_cache(model: torch.nn.Module):
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
     return cache
-
-
-def _truncate(cache, length: int) -> None:
-    """Roll a KV cache back to its first `length` positions."""
-    extra = cache.get_seq_length() - length
-    if extra >= 0:  # crop(0) too: it trims sliding-window layers back to their window
-        cache.crop(-extra)
 
 
 def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, hidden_out: list | None = None,
@@ -123,7 +144,7 @@ class ModelState:
     (crop fails), it is dropped and the kept tokens are re-run on the next forward (`recomputed`)."""
 
     def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, use_cache: bool = True,
-                 hidden: bool = False) -> None:
+                 hidden: bool = False, capacity: int | None = None, cache: str = "dynamic") -> None:
         self.model, self.n_prompt = model, len(prompt)
         kind = model_kind(model)
         self.inputs: dict = {}
@@ -132,15 +153,15 @@ class ModelState:
             self.prefix = prompt.new_tensor([kind.decoder_start])
         else:
             self.prefix = prompt
-        self.cache = _new_cache(model) if use_cache else None
+        if cache == "static" and capacity is None:
+            raise ValueError("a static cache needs the decode's capacity (prompt + output tokens)")
+        # the model's sequence is prefix + output: a static cache holds the prompt's capacity less the prompt
+        self._static_len = capacity - self.n_prompt + len(self.prefix) if cache == "static" else None
+        self.cache = _new_cache(model, self._static_len) if use_cache else None
+        self.length = 0  # tokens of the model's sequence in the cache (kept here: a static cache's own count is a tensor)
         self.recomputed = 0  # tokens re-run because the cache could not be rolled back
         self.want_hidden = hidden  # keep the last layer's states of every forward (hidden())
         self._hidden: torch.Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        """Tokens of the model's sequence in the cache."""
-        return self.cache.get_seq_length() if self.cache is not None else 0
 
     def unseen(self, ids: torch.Tensor) -> torch.Tensor:
         """The tokens of `ids` (prompt + output so far) not in the cache yet, as the model's sequence."""
@@ -152,6 +173,8 @@ class ModelState:
     def forward(self, tokens: torch.Tensor, keep: int) -> torch.Tensor:
         buf: list | None = [] if self.want_hidden else None
         logits = _forward(self.model, self.cache, tokens, keep, buf, **self.inputs)
+        if self.cache is not None:
+            self.length += len(tokens)
         self._hidden = buf[0] if buf else None
         return logits
 
@@ -167,13 +190,18 @@ class ModelState:
     def truncate(self, n_ids: int) -> None:
         """Keep the cache of the first `n_ids` tokens of prompt + output."""
         length = max(0, n_ids - self.n_prompt + len(self.prefix))
+        extra = self.length - length
+        if extra < 0:
+            return
         try:
-            _truncate(self.cache, length)
+            self.cache.crop(-extra)  # crop(0) too: it trims sliding-window layers back to their window
+            self.length = length
         except (AttributeError, NotImplementedError, RuntimeError, ValueError):
             # A cache type without a working crop (a custom or stateful cache): start a fresh one;
             # `unseen` then hands the next forward every kept token again.
-            self.cache = _new_cache(self.model)
+            self.cache = _new_cache(self.model, self._static_len)
             self.recomputed += length
+            self.length = 0
 
 
 _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -186,6 +214,7 @@ class TorchEngine:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.cache = DEFAULT_CACHE  # the --cache choice (set_cache); resolved per decode, as the model may move
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> TorchEngine:
@@ -198,8 +227,18 @@ class TorchEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False) -> ModelState:
-        return ModelState(self.model, prompt, use_cache, hidden)
+    def set_cache(self, cache: str) -> TorchEngine:
+        """Choose the KV cache of this model's decodes (CACHES); refuses what the model cannot use."""
+        resolve_cache(self.model, cache)
+        self.cache = cache
+        return self
+
+    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False,
+                capacity: int | None = None) -> ModelState:
+        """capacity: prompt + output positions the decode can reach (a static cache is allocated for
+        them; without it the cache is dynamic)."""
+        cache = resolve_cache(self.model, self.cache) if capacity is not None else "dynamic"
+        return ModelState(self.model, prompt, use_cache, hidden, capacity, cache)
 
     @property
     def context_length(self) -> int:
@@ -221,4 +260,4 @@ class TorchEngine:
         return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model"))
 
     def describe(self) -> dict:
-        return {"name": self.name, "version": torch.__version__}
+        return {"name": self.name, "version": torch.__version__, "cache": resolve_cache(self.model, self.cache)}
