@@ -53,6 +53,9 @@ VerifyOpt = typer.Option(DEFAULT_VERIFY, help="llama.cpp engine: fast (one batch
 CacheOpt = typer.Option(DEFAULT_CACHE, help="torch engine: the models' KV caches. static: preallocated and position-indexed "
                         "(rollback moves a length; what captured CUDA graphs need; decoder-only models); dynamic: "
                         "transformers' DynamicCache; auto: static on cuda for decoder-only models, else dynamic.")
+CompileOpt = typer.Option(None, "--compile/--no-compile", help="torch engine, static caches: run each model's step "
+                          "compiled per verify-width bucket (CUDA graphs on cuda), compiled once before any timing; "
+                          "default: on for static caches on cuda.", show_default=False)
 TemperatureOpt = typer.Option(0.0, help="0 = greedy (output identical to the target's greedy decoding); above 0: "
                               "sampling, with the target's distribution kept by rejection sampling.")
 TopPOpt = typer.Option(1.0, help="Nucleus sampling mass (with --temperature > 0), applied to target and draft alike.")
@@ -95,6 +98,7 @@ def generate(
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
     cache: str = CacheOpt,
+    compile: Optional[bool] = CompileOpt,
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
@@ -113,7 +117,10 @@ def generate(
     items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache, compile)
+    compile_s = pair.warm_up(max(len(pair.encode(i.prompt, chat)) for i in items) + max_new_tokens)
+    if compile_s:
+        _say(f"compiled the captured steps in {compile_s:.1f}s (once; not in the timings below)")
     records = []
     for item in items:
         res = run_generate(pair, item.prompt, spec, config, chat)
@@ -169,6 +176,7 @@ def compare(
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
     cache: str = CacheOpt,
+    compile: Optional[bool] = CompileOpt,
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
@@ -194,7 +202,7 @@ def compare(
         tuned_threshold = tuned.get("threshold") if tuned_threshold is None else tuned_threshold
     target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache, compile)
     server_tuned = {k: v for k, v in (("p_min", server_p_min), ("n_max", server_n_max)) if v is not None}
     if classifier is not None and not server_tuned:  # tuned beside the artifact (bench/tune_llama_server.py)
         from disco.compare import tuned_server
@@ -237,6 +245,7 @@ def collect(
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
     cache: str = CacheOpt,
+    compile: Optional[bool] = CompileOpt,
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Oracle traces: draft features with accept/reject labels at every position of the target's
@@ -256,7 +265,7 @@ def collect(
     with distributed() as dist:
         if dist.rank == 0:
             _say(f"loading the pair … ({len(items)} prompts, {dist.world} process{'es' * (dist.world > 1)})")
-        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache))
+        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache, compile))
         stats = run_collect(pair, items, out, config, chat=chat, overwrite=overwrite, dist=dist, sources=prompts,
                             shard_prompts=shard_prompts)
     _say(stats.summary())
@@ -309,6 +318,7 @@ def profile(
     threads: Optional[int] = ThreadsOpt,
     verify: str = VerifyOpt,
     cache: str = CacheOpt,
+    compile: Optional[bool] = CompileOpt,
     draft_quant: str = DraftQuantOpt,
 ) -> None:
     """Measure the pair's cost model on this machine: draft step c_d, target verification c_t(k)."""
@@ -317,7 +327,7 @@ def profile(
     from disco.profile import default_profile_path, format_profile, profile_pair
 
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache)
+    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache, compile)
     result = profile_pair(pair, max_window, context, repeats, warmup)
     path = out if out is not None else default_profile_path(pair)
     atomic_write_json(path, result)

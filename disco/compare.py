@@ -236,6 +236,8 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     from tqdm import tqdm
 
     per_prompt: list[dict] = []
+    # captured steps (torch --compile) are compiled here, once, not inside any timed decode
+    compile_s = pair.warm_up(max(len(pair.encode(p.prompt, chat)) for p in prompts) + config.max_new_tokens)
     with contextlib.ExitStack() as stack:
         servers = _start_servers(pair, entries, config, stack, progress)
         bar = tqdm(total=len(prompts) * seeds * (len(entries) + 1), desc="compare", unit="run", disable=not progress)
@@ -265,6 +267,7 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     labels = [TARGET_LABEL] + [e.label for e in entries]
     summary = {label: _summarise(label, per_prompt) for label in labels}
     result = {"pair": pair.describe(), "config": config.__dict__, "n_prompts": len(prompts), "seeds": seeds,
+              "compile_s": compile_s,
               "anchors": [e.label for e in entries if e.anchor], "summary": summary, "prompts": per_prompt}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "compare.json", result)
@@ -384,6 +387,8 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
         "draft_forwards_per_token": sum(r["draft_forwards"] for r in runs) / tokens if known else None,
         "mean_accepted_window": statistics.fmean(windows) if windows else None,
         "acceptance_rate": sum(r["accepted"] for r in runs) / drafted if drafted else None,
+        # captured steps (torch --compile): filler tokens padding forwards up to their bucket, per token
+        "padded_per_token": sum(r.get("padded_tokens", 0) for r in runs) / tokens if tokens else 0.0,
         "prompts": len(runs),
     }
     if sampled:
@@ -431,12 +436,15 @@ def spread(by_seed: dict[str, float]) -> str:
 
 def format_table(summary: dict) -> str:
     """Greedy: the last column says whether the output equals target-only decoding's. Sampling: the
-    speedup's spread over seeds, and the mean target log-probability per output token."""
+    speedup's spread over seeds, and the mean target log-probability per output token. Captured steps
+    (torch --compile): the filler tokens per output token that padded forwards up to their buckets."""
     sampled = "target_logprob" in next(iter(summary.values()))
+    padded = any(s.get("padded_per_token") for s in summary.values())  # the bucket overhead of captured steps
     last = "target log-prob/token" if sampled else "= target"
     head = (f"| policy | speedup |{' over seeds |' if sampled else ''} median (min–max) per prompt | tok/s | "
-            f"target fwd/tok | draft fwd/tok | mean accepted/window | acceptance | {last} |")
-    lines = [head, "|" + "---|" * (10 if sampled else 9)]
+            f"target fwd/tok | draft fwd/tok | mean accepted/window | acceptance |{' padding/tok |' if padded else ''}"
+            f" {last} |")
+    lines = [head, "|" + "---|" * (9 + sampled + padded)]
     fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
     for label, s in summary.items():
         rate = "–" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.0f}%"
@@ -445,9 +453,10 @@ def format_table(summary: dict) -> str:
         else:
             end = "yes" if s["lossless"] else f"NO ({s.get('mismatched_prompts', '?')}/{s.get('prompts', '?')} prompts differ)"
         seeds = f" {spread(s['speedup_by_seed'])} |" if sampled else ""
+        pad = f" {s.get('padded_per_token', 0.0):.2f} |" if padded else ""
         lines.append(
             f"| {label} | {s['speedup']:.2f}× |{seeds} {s['speedup_median']:.2f} ({s['speedup_min']:.2f}–{s['speedup_max']:.2f}) "
             f"| {s['tokens_per_s']:.2f} | {fmt(s['target_forwards_per_token'], '.3f')} "
-            f"| {fmt(s['draft_forwards_per_token'], '.3f')} | {fmt(s['mean_accepted_window'], '.2f')} | {rate} | {end} |"
+            f"| {fmt(s['draft_forwards_per_token'], '.3f')} | {fmt(s['mean_accepted_window'], '.2f')} | {rate} |{pad} {end} |"
         )
     return "\n".join(lines)

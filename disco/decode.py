@@ -57,6 +57,9 @@ class GenStats:
     prefill_s: float = 0.0  # the target's prompt prefill (and encoding); the draft's runs at its first window
     # tokens re-run because a KV cache could not be rolled back (crop failed); 0 when rollback is a crop
     recomputed_tokens: int = 0
+    # filler tokens that padded forwards up to a captured width (torch --compile): the cost of a
+    # verify is its bucket's, not its width's
+    padded_tokens: int = 0
     wall_s: float = 0.0  # the whole call, prefill included
 
     def record_window(self, drafted: int, accepted: int) -> None:
@@ -81,6 +84,7 @@ class GenStats:
             f"accepted {self.accepted}/{self.drafted} drafted ({100 * self.acceptance_rate:.0f}%)"
             + (f"; {self.recomputed_tokens} tokens re-run (a cache could not be cropped)"
                if self.recomputed_tokens else "")
+            + (f"; {self.padded_tokens} filler tokens padded forwards to captured widths" if self.padded_tokens else "")
         )
 
     def to_dict(self) -> dict:
@@ -95,6 +99,7 @@ class GenStats:
             "prefill_s": self.prefill_s,
             "cache_rollback": "recompute" if self.recomputed_tokens else "crop",
             "recomputed_tokens": self.recomputed_tokens,
+            "padded_tokens": self.padded_tokens,
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
         }
@@ -254,6 +259,7 @@ def speculative_generate(
     stats.wall_s = time.perf_counter() - t0
     stats.new_tokens = len(out)
     stats.recomputed_tokens = t_state.recomputed + (d_state.recomputed if d_state is not None else 0)
+    stats.padded_tokens = t_state.padded + (d_state.padded if d_state is not None else 0)
     assert len(ids) == n_prompt + len(out)
     return GenResult(out, stats)
 

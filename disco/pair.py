@@ -83,6 +83,11 @@ class Pair:
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    def warm_up(self, capacity: int) -> float:
+        """Compile (and capture) both models' steps before anything is timed (torch --compile), for decodes
+        reaching `capacity` positions: the seconds it took, 0 when there is nothing to compile."""
+        return sum(as_engine(m).warm_up(capacity) for m in (self.target, self.draft))
+
     def describe(self) -> dict:
         return {
             "target": self.target_name,
@@ -257,11 +262,13 @@ def load_pair(
     verify: str = DEFAULT_VERIFY,
     draft_quant: str = DEFAULT_DRAFT_QUANT,
     cache: str = DEFAULT_CACHE,
+    compile: bool | None = None,
 ) -> Pair:
     """Load a pair; with neither model given, the embedded Qwen2.5-Coder pair.
 
     engine: torch (transformers; on the CPU both models' Linear layers use `cpu_backend`,
-    disco/cpu.py; `cache`: their KV caches, torch_engine.CACHES), llama.cpp (GGUF files; `threads`,
+    disco/cpu.py; `cache`: their KV caches, torch_engine.CACHES; `compile`: captured steps, on, off or
+    None = auto, TorchEngine.set_compile), llama.cpp (GGUF files; `threads`,
     `verify`, `draft_quant`: load_llamacpp_pair), or auto (resolve_engine)."""
     if (target is None) != (draft is None):
         raise DiscoError("give both --target and --draft, or neither (the embedded default pair)")
@@ -269,9 +276,10 @@ def load_pair(
         raise DiscoError(f"unknown --cache {cache!r}: choose one of {', '.join(CACHES)}")
     engine = resolve_engine(engine, target, draft, device)
     if engine == "llama.cpp":
-        if cache != DEFAULT_CACHE:
-            raise DiscoError(f"--cache {cache} is for the torch engine: llama.cpp keeps its own KV cache (drop --cache, "
-                             "or add --engine torch)")
+        if cache != DEFAULT_CACHE or compile:
+            flag = f"--cache {cache}" if cache != DEFAULT_CACHE else "--compile"
+            raise DiscoError(f"{flag} is for the torch engine: llama.cpp keeps its own KV cache and kernels (drop "
+                             f"{flag.split()[0]}, or add --engine torch)")
         return load_llamacpp_pair(target, draft, threads, verify, draft_quant)
     check_cpu_backend(cpu_backend)
     if target is None:
@@ -305,7 +313,7 @@ def load_pair(
         apply_cpu_backend(target_model, cpu_backend)
         apply_cpu_backend(draft_model, cpu_backend)
     for model in (target_model, draft_model):
-        TorchEngine.of(model).set_cache(cache)
+        TorchEngine.of(model).set_cache(cache).set_compile(compile)
     return Pair(target_model, draft_model, target_tok, names[0], names[1], dev, dt, eos_ids(target_model, target_tok))
 
 

@@ -67,7 +67,10 @@ def _median_time(session: Session, feed: torch.Tensor, keep_len: int, repeats: i
 @torch.inference_mode()
 def profile_pair(pair: Pair, max_window: int = DEFAULT_MAX_WINDOW, context: int = DEFAULT_CONTEXT,
                  repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, progress: bool = True) -> dict:
-    """Measure c_d and c_t(1 .. max_window + 1); return the profile (CostModel fields + metadata)."""
+    """Measure c_d and c_t(1 .. max_window + 1); return the profile (CostModel fields + metadata).
+
+    Through the same sessions the loop uses: with captured steps (torch --compile) a verify of k
+    tokens runs padded to its bucket, so c_t(k) is the bucket's cost, as a decode pays it."""
     from tqdm.auto import tqdm
 
     if max_window < 1 or context < 1 or repeats < 1 or warmup < 0:
@@ -78,6 +81,7 @@ def profile_pair(pair: Pair, max_window: int = DEFAULT_MAX_WINDOW, context: int 
     ids = torch.tensor(context_ids(pair.tokenizer, context + max_window + 1), device=pair.device)
     # The sessions see `context` tokens of prompt: prefill feeds all but the last, the first timed
     # forward's warm-up feeds the last; after that every timing starts from exactly `context`.
+    compile_s = pair.warm_up(len(ids))  # captured steps: compiled before any timing
     sessions = {}
     for role, model in (("target", pair.target), ("draft", pair.draft)):
         sessions[role] = as_engine(model).session(ids[:context], capacity=len(ids))
@@ -98,6 +102,7 @@ def profile_pair(pair: Pair, max_window: int = DEFAULT_MAX_WINDOW, context: int 
         "context_tokens": context,
         "repeats": repeats,
         "warmup": warmup,
+        "compile_s": compile_s,
         "pair": pair.describe(),
         "device_name": torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else "cpu",
         "torch": torch.__version__,

@@ -35,6 +35,28 @@ def test_compare_tiny(tmp_path):
     assert oracle["target_forwards_per_token"] <= result["summary"]["constant k=5"]["target_forwards_per_token"]
 
 
+def test_compare_shows_the_padding_of_captured_steps(tmp_path):
+    """With captured steps (here eager, padded to buckets 1, 2, 4, 8), compare reports the filler tokens
+    per output token, stays lossless, and records the warm-up (compile) time."""
+    from disco.engines.torch_engine import CapturedSteps, TorchEngine
+
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    for m in (target, draft):
+        TorchEngine.of(m).set_cache("static").steps = CapturedSteps(m, (1, 2, 4, 8), compiled=False)
+    pair = pair_from_models(target, draft, char_tokenizer())
+    prompts = [Prompt(f"p{i}", "t", f"def f{i}(x): return") for i in range(2)]
+    entries = [e for e in default_entries(tuned_k=3) if e.label in ("constant k=3 (tuned)", "constant k=5")]
+    result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=16), tmp_path, progress=False,
+                         plots=False)
+    summary = result["summary"]
+    assert all(s["lossless"] for s in summary.values()) and result["compile_s"] >= 0
+    assert summary[TARGET_LABEL]["padded_per_token"] == 0  # one-token steps fill bucket 1 exactly
+    # k = 3 verifies 4 tokens (bucket 4) but for the budget's last, shorter windows; k = 5 verifies 6: padded to 8
+    assert 0 < summary["constant k=3 (tuned)"]["padded_per_token"] < summary["constant k=5"]["padded_per_token"]
+    table = (tmp_path / "table.md").read_text().splitlines()
+    assert "padding/tok" in table[0] and all(line.count("|") == table[0].count("|") for line in table)
+
+
 def test_cost_model_speedups_from_counts():
     from disco.simulate import CostModel
 

@@ -21,7 +21,7 @@ from disco.train import RULE_GRIDS
 from disco.compare import default_entries, hf_assisted_generate, run_compare
 from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
 from disco.engines.base import teacher_forced
-from disco.engines.torch_engine import TorchEngine, model_kind, resolve_cache
+from disco.engines.torch_engine import CapturedSteps, TorchEngine, model_kind, resolve_cache
 from disco.errors import DiscoError
 from disco.features import FEATURES, token_class_table
 from disco.hf import disco_generate
@@ -153,7 +153,7 @@ def static_caches():
 
     yield use
     for engine in engines:
-        engine.set_cache("auto")
+        engine.set_cache("auto").set_compile(False)
 
 
 @pytest.mark.parametrize("family", DECODER_ONLY)
@@ -202,12 +202,76 @@ def test_static_rollback_keeps_exactly_the_committed_prefix(family, static_cache
     assert session.length == 9
 
 
+def test_padded_verify_equals_unpadded(static_caches):
+    """Captured steps pad a feed up to its bucket: the real positions' logits equal an unpadded
+    forward's, the filler's cache entries are rolled back, and the loop stays lossless."""
+    target, draft = tiny_family_pair("llama")
+    static_caches(target, draft)
+    seq = torch.tensor([5, 9, 14, 20, 7, 3, 11, 30, 2, 8, 40, 41])
+    plain = TorchEngine.of(target).session(seq[:3], capacity=16)
+    plain.prefill()
+    TorchEngine.of(target).steps = CapturedSteps(target, (1, 2, 4, 8), compiled=False)
+    padded = TorchEngine.of(target).session(seq[:3], capacity=16)
+    padded.prefill()
+    assert padded.steps is not None and plain.steps is None
+    for feed, keep in ((seq[2:5], 3), (seq[5:10], 5), (seq[10:11], 1)):  # widths 3, 5, 1 -> buckets 4, 8, 1
+        assert torch.allclose(padded.forward(feed, keep), plain.forward(feed, keep), atol=1e-9, rtol=0)
+        assert padded.length == plain.length == int(padded.cache.get_seq_length())
+    assert padded.padded == 1 + 3
+    padded.truncate(6)
+    plain.truncate(6)
+    assert torch.allclose(padded.forward(seq[6:8], 2), plain.forward(seq[6:8], 2), atol=1e-9, rtol=0)
+
+    TorchEngine.of(draft).steps = CapturedSteps(draft, (1, 2, 4, 8), compiled=False)
+    config = DecodeConfig(max_new_tokens=16, max_window=6)  # verify widths up to 7: padded to 8
+    for prompt in PROMPTS[:6]:
+        ref = target_generate(target, prompt, config).tokens
+        for name in ("constant", "threshold"):
+            res = speculative_generate(target, draft, prompt, make_policy(name, k=3), config)
+            assert res.tokens == ref and res.stats.padded_tokens > 0
+
+
+def test_compiled_steps_equal_eager(static_caches):
+    """torch.compile on the CPU (no CUDA graphs here): the compiled steps decode exactly as eager,
+    compiled once by warm_up, before any decode."""
+    target = tiny_model("qwen2", dtype=torch.float32)
+    draft = perturbed(target, 0.3)
+    config = DecodeConfig(max_new_tokens=12, max_window=3)
+    refs = [target_generate(target, p, config).tokens for p in PROMPTS[:3]]
+    spec = [speculative_generate(target, draft, p, make_policy("constant", k=3), config).tokens for p in PROMPTS[:3]]
+    static_caches(target, draft)
+    for m in (target, draft):
+        TorchEngine.of(m).set_compile(True, buckets=(1, 2, 4))
+    assert TorchEngine.of(target).warm_up(32) > 0 and TorchEngine.of(draft).warm_up(32) > 0
+    for prompt, ref, sp in zip(PROMPTS[:3], refs, spec):
+        assert target_generate(target, prompt, config).tokens == ref
+        res = speculative_generate(target, draft, prompt, make_policy("constant", k=3), config)
+        assert res.tokens == sp == ref and res.stats.padded_tokens > 0  # width 3 -> bucket 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_captured_cuda_graphs_equal_eager(static_caches):
+    target = tiny_model("qwen2", dtype=torch.float32).cuda()
+    draft = perturbed(target, 0.3).cuda()
+    config = DecodeConfig(max_new_tokens=24, max_window=6)
+    eager = [speculative_generate(target, draft, p, make_policy("threshold"), config).tokens for p in PROMPTS[:4]]
+    static_caches(target, draft)
+    for m in (target, draft):
+        assert resolve_cache(m, "auto") == "static"
+        TorchEngine.of(m).set_compile(None)  # auto: captured on CUDA
+        assert TorchEngine.of(m).steps is not None and TorchEngine.of(m).warm_up(64) > 0
+    for prompt, ref in zip(PROMPTS[:4], eager):
+        assert speculative_generate(target, draft, prompt, make_policy("threshold"), config).tokens == ref
+
+
 def test_static_cache_refused_where_it_does_not_apply():
     t5, _ = tiny_family_pair("t5")
     with pytest.raises(DiscoError, match="encoder-decoder, whose cache stays dynamic"):
         TorchEngine.of(t5).set_cache("static")
     with pytest.raises(DiscoError, match="unknown --cache 'big'"):
         TorchEngine.of(t5).set_cache("big")
+    with pytest.raises(DiscoError, match="--compile needs static caches"):
+        TorchEngine.of(t5).set_compile(True)
     assert resolve_cache(t5, "auto") == "dynamic" == resolve_cache(tiny_family_pair("llama")[0], "auto")  # CPU
 
 

@@ -29,6 +29,7 @@ DEFAULT_ENGINE = "auto"  # llama.cpp for GGUF files on the CPU, torch otherwise 
 class Session(Protocol):
     n_prompt: int  # prompt tokens of the decode
     recomputed: int  # tokens re-run because the cache could not be rolled back (0 when rollback works)
+    padded: int  # filler tokens fed to pad forwards up to a captured width (0 without captured steps)
 
     def unseen(self, ids: torch.Tensor) -> torch.Tensor: ...
 
@@ -60,11 +61,13 @@ class Engine(Protocol):
 
     def describe(self) -> dict: ...  # engine name, version, threads, quantization, verification mode
 
+    def warm_up(self, capacity: int) -> float: ...  # compile what a decode of `capacity` positions runs; seconds
+
 
 # describe() fields that change how fast an engine runs, not the numbers it computes: llama.cpp's
 # thread count (each row is reduced by one thread) and its exact width (the model and the build fix it),
-# torch's KV cache (static and dynamic hold the same keys and values)
-SPEED_ONLY = ("threads", "exact_width", "cache")
+# torch's KV cache and captured steps (the same keys, values and real positions)
+SPEED_ONLY = ("threads", "exact_width", "cache", "captured_steps")
 
 
 def numeric_identity(engine_info: dict | None) -> dict:

@@ -229,6 +229,10 @@ class LlamaCppEngine:
         """Every token llama.cpp ends generation on (EOS, EOT, <|im_end|>, …): what llama-server stops at."""
         return frozenset(t for t in range(self._n_vocab) if self._lc.llama_vocab_is_eog(self._vocab, t))
 
+    def warm_up(self, capacity: int) -> float:
+        """Nothing to compile: llama.cpp's kernels are built ahead of time."""
+        return 0.0
+
     def describe(self) -> dict:
         return {"name": self.name, "version": self._lc.__version__, "threads": self.threads,
                 "quantization": self.description, "verify": self.verify, "repack": self.repack,
@@ -311,6 +315,7 @@ class LlamaCppSession:
     """One decode on a LlamaCppEngine: its KV cache holds the first `length` tokens of prompt + output."""
 
     recomputed = 0  # rollback always works: llama.cpp removes KV cells by position
+    padded = 0  # no captured steps: every forward is as wide as its tokens
 
     def __init__(self, engine: LlamaCppEngine, session_id: int, prompt: list[int], want_hidden: bool = False) -> None:
         self.engine, self._id, self.n_prompt = engine, session_id, len(prompt)

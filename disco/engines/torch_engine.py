@@ -9,17 +9,28 @@ position-indexed, so rolling back only moves its length (stale entries past it a
 the next forward and, until then, hidden by the causal mask). Static is what captured CUDA graphs
 need (fixed addresses); `auto` picks it for decoder-only models on CUDA and keeps dynamic on the
 CPU (no launch overhead to save, and no preallocation) and for encoder-decoders.
+
+Captured steps (`--compile`, static caches only): each model's forward is compiled once per width
+bucket (BUCKETS: a window's verify of k + 1 tokens is padded up to the next bucket, so a handful of
+fixed shapes serve every width), with CUDA graphs on CUDA (torch.compile's "reduce-overhead"), over
+one static cache per model reused by every decode (fixed addresses, fixed shapes). A padded forward
+writes filler tokens past the real ones; their cache entries are rolled back like a rejected window
+and their logits dropped, so the real positions see exactly what an unpadded forward sees. Wider
+feeds (the prompt's prefill) run eagerly on the same cache.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+import time
 import weakref
 from dataclasses import dataclass
 
 import torch
 
 from disco.errors import DiscoError
+from disco.policy import DEFAULT_MAX_WINDOW
 
 # --- model families: what differs between them lives here, not in the loop ------------------------
 #
@@ -93,6 +104,27 @@ def resolve_cache(model: torch.nn.Module, cache: str) -> str:
     return cache
 
 
+# verify widths (k + 1 tokens) are padded up to these for captured steps: one graph per bucket; the
+# last is the default window's verify; wider feeds run eagerly
+BUCKETS = (1, 2, 4, 8, 16, DEFAULT_MAX_WINDOW + 1)
+STATIC_ROUND = 256  # a reused static cache grows in steps of this many positions (each size: new graphs)
+
+
+class CapturedSteps:
+    """One model's forward over fixed widths (`buckets`): compiled (on CUDA with CUDA graphs) when
+    `compiled`, else eager with the same padding (what the tests compare against)."""
+
+    def __init__(self, model: torch.nn.Module, buckets: tuple[int, ...] = BUCKETS, compiled: bool = True) -> None:
+        self.buckets = tuple(sorted(buckets))
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        mode = "reduce-overhead" if on_cuda else "default"  # reduce-overhead = inductor + CUDA graphs
+        self.call = torch.compile(model.forward, mode=mode, dynamic=False) if compiled else model
+
+    def bucket(self, width: int) -> int | None:
+        """The captured width a feed of `width` tokens is padded to (None: too wide, run eagerly)."""
+        return next((b for b in self.buckets if b >= width), None)
+
+
 def _new_cache(model: torch.nn.Module, static_len: int | None = None):
     """A fresh KV cache: static for `static_len` positions, else dynamic."""
     from transformers import DynamicCache, EncoderDecoderCache, StaticCache
@@ -111,10 +143,11 @@ def _new_cache(model: torch.nn.Module, static_len: int | None = None):
 
 
 def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, hidden_out: list | None = None,
-             **inputs) -> torch.Tensor:
+             call=None, **inputs) -> torch.Tensor:
     """Feed `ids` (n,) after what `cache` holds; return logits of the last `keep` positions, (keep, vocab).
 
     hidden_out: a list to append the last layer's states of those positions to, (keep, hidden).
+    call: what runs the forward (a compiled model.forward; default the model itself).
     inputs: encoder_outputs for an encoder-decoder (whose `ids` are then decoder tokens)."""
     kind = model_kind(model)
     if hidden_out is not None:
@@ -128,7 +161,7 @@ def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, hidden
         inputs["decoder_input_ids"] = ids.unsqueeze(0)
     else:
         inputs["input_ids"] = ids.unsqueeze(0)
-    out = model(**inputs, cache=cache, use_cache=cache is not None)
+    out = (call or model)(**inputs, cache=cache, use_cache=cache is not None)
     if hidden_out is not None:
         states = out.decoder_hidden_states if kind.encoder_decoder else out.hidden_states
         hidden_out.append(states[-1][0, -keep:])
@@ -144,7 +177,8 @@ class ModelState:
     (crop fails), it is dropped and the kept tokens are re-run on the next forward (`recomputed`)."""
 
     def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, use_cache: bool = True,
-                 hidden: bool = False, capacity: int | None = None, cache: str = "dynamic") -> None:
+                 hidden: bool = False, capacity: int | None = None, cache: str = "dynamic",
+                 static_cache=None, steps: CapturedSteps | None = None) -> None:
         self.model, self.n_prompt = model, len(prompt)
         kind = model_kind(model)
         self.inputs: dict = {}
@@ -157,9 +191,12 @@ class ModelState:
             raise ValueError("a static cache needs the decode's capacity (prompt + output tokens)")
         # the model's sequence is prefix + output: a static cache holds the prompt's capacity less the prompt
         self._static_len = capacity - self.n_prompt + len(self.prefix) if cache == "static" else None
-        self.cache = _new_cache(model, self._static_len) if use_cache else None
+        # static_cache: one handed over by the engine (reused between decodes, emptied)
+        self.cache = static_cache if static_cache is not None else _new_cache(model, self._static_len) if use_cache else None
+        self.steps = steps  # captured steps (static caches only): feeds padded to their buckets
         self.length = 0  # tokens of the model's sequence in the cache (kept here: a static cache's own count is a tensor)
         self.recomputed = 0  # tokens re-run because the cache could not be rolled back
+        self.padded = 0  # filler tokens fed to pad a forward up to its bucket (captured steps)
         self.want_hidden = hidden  # keep the last layer's states of every forward (hidden())
         self._hidden: torch.Tensor | None = None
 
@@ -172,9 +209,23 @@ class ModelState:
 
     def forward(self, tokens: torch.Tensor, keep: int) -> torch.Tensor:
         buf: list | None = [] if self.want_hidden else None
-        logits = _forward(self.model, self.cache, tokens, keep, buf, **self.inputs)
-        if self.cache is not None:
-            self.length += len(tokens)
+        width = self.steps.bucket(len(tokens)) if self.steps is not None else None
+        if width is None:
+            logits = _forward(self.model, self.cache, tokens, keep, buf, **self.inputs)
+            self.length += len(tokens) if self.cache is not None else 0
+        else:
+            # one captured shape per bucket: pad with the last token, keep every position (a constant
+            # logits_to_keep), then drop the filler's logits and roll its cache entries back
+            n, pad = len(tokens), width - len(tokens)
+            fed = torch.cat([tokens, tokens[-1:].expand(pad)]) if pad else tokens
+            rows = _forward(self.model, self.cache, fed, width, buf, self.steps.call, **self.inputs)
+            logits = rows[n - keep : n].clone()  # a CUDA graph's outputs are overwritten by its next replay
+            buf = [buf[0][n - keep : n].clone()] if buf else None
+            self.length += width
+            if pad:
+                self.cache.crop(-pad)
+                self.length -= pad
+                self.padded += pad
         self._hidden = buf[0] if buf else None
         return logits
 
@@ -200,6 +251,7 @@ class ModelState:
             # A cache type without a working crop (a custom or stateful cache): start a fresh one;
             # `unseen` then hands the next forward every kept token again.
             self.cache = _new_cache(self.model, self._static_len)
+            self.steps = None  # captured steps belong to the engine's own cache
             self.recomputed += length
             self.length = 0
 
@@ -215,6 +267,10 @@ class TorchEngine:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.cache = DEFAULT_CACHE  # the --cache choice (set_cache); resolved per decode, as the model may move
+        self.steps: CapturedSteps | None = None  # set_compile: captured steps over self._static
+        self._static = None  # with captured steps: the one static cache every decode reuses ...
+        self._static_len = 0  # ... its positions ...
+        self._holder: weakref.ref | None = None  # ... and the session using it now
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> TorchEngine:
@@ -233,12 +289,60 @@ class TorchEngine:
         self.cache = cache
         return self
 
+    def set_compile(self, compile: bool | None, buckets: tuple[int, ...] = BUCKETS) -> TorchEngine:
+        """Captured steps on (True), off (False) or auto (None: on where the cache resolves static on
+        CUDA); they need the static cache."""
+        cache = resolve_cache(self.model, self.cache)
+        if compile and cache != "static":
+            raise DiscoError(f"--compile needs static caches, but {type(self.model).__name__} runs on a dynamic "
+                             "one here: add --cache static (decoder-only models), or --no-compile")
+        on = cache == "static" and next(self.model.parameters()).device.type == "cuda" if compile is None else compile
+        self.steps = CapturedSteps(self.model, buckets) if on else None
+        self._static, self._static_len = None, 0
+        return self
+
     def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False,
                 capacity: int | None = None) -> ModelState:
         """capacity: prompt + output positions the decode can reach (a static cache is allocated for
         them; without it the cache is dynamic)."""
-        cache = resolve_cache(self.model, self.cache) if capacity is not None else "dynamic"
-        return ModelState(self.model, prompt, use_cache, hidden, capacity, cache)
+        cache = resolve_cache(self.model, self.cache) if capacity is not None and use_cache else "dynamic"
+        if cache != "static" or self.steps is None:
+            return ModelState(self.model, prompt, use_cache, hidden, capacity, cache)
+        state = ModelState(self.model, prompt, use_cache, hidden, capacity, cache, self._reused_cache(capacity),
+                           self.steps)
+        self._holder = weakref.ref(state)
+        return state
+
+    def _reused_cache(self, capacity: int):
+        """The engine's static cache, emptied, when no live session holds it and it is large enough
+        (else a new one, STATIC_ROUND-rounded, which then becomes the engine's: new graphs get captured)."""
+        busy = self._holder is not None and self._holder() is not None  # e.g. one model as target and draft
+        if busy or self._static is None or self._static_len < capacity:
+            length = STATIC_ROUND * math.ceil(capacity / STATIC_ROUND)
+            cache = _new_cache(self.model, length)
+            if busy:
+                return cache
+            self._static, self._static_len = cache, length
+        else:
+            self._static.reset()
+        return self._static
+
+    def warm_up(self, capacity: int) -> float:
+        """Compile (and on CUDA capture) every bucket's step for decodes of up to `capacity` positions,
+        so that no measured decode pays for it; the seconds it took (0 without captured steps)."""
+        if self.steps is None:
+            return 0.0
+        device = next(self.model.parameters()).device
+        t0 = time.perf_counter()
+        state = self.session(torch.zeros(1, dtype=torch.long, device=device), capacity=capacity)
+        tokens = torch.zeros(max(self.steps.buckets), dtype=torch.long, device=device)
+        for width in self.steps.buckets:
+            for _ in range(3):  # CUDA graph trees record on a later call than the first
+                state.forward(tokens[:width], 1)
+                state.truncate(1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
 
     @property
     def context_length(self) -> int:
@@ -260,4 +364,5 @@ class TorchEngine:
         return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model"))
 
     def describe(self) -> dict:
-        return {"name": self.name, "version": torch.__version__, "cache": resolve_cache(self.model, self.cache)}
+        return {"name": self.name, "version": torch.__version__, "cache": resolve_cache(self.model, self.cache),
+                "captured_steps": list(self.steps.buckets) if self.steps is not None else None}
