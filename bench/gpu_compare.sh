@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Compare every policy on the embedded pair on a CUDA machine in a few minutes (issues 6, 15): the
-# profile and the compare table once per KV cache, dynamic (transformers' DynamicCache) and static
-# (preallocated, position-indexed: what captured CUDA graphs need). Captured graphs themselves
-# (issue 15, part 2) are not built yet: both paths here run eager forwards.
+# profile and the compare table once per path, eager (transformers' DynamicCache, eager forwards) and
+# captured (static, position-indexed caches; each model's step compiled per verify-width bucket with
+# CUDA graphs, compiled once before any timing: the profile's and compare.json's compile_s).
 # Assumes the project is installed (`make install`) and the pair prepared (`disco models prepare`).
 # Timings are synchronised on CUDA (disco/decode.py, disco/compare.py); bf16 on the GPU by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}
 OUT=${OUT:-bench/gpu}
-CACHES=${CACHES:-dynamic static}
+CACHES=${CACHES:-dynamic static}  # static on cuda = captured steps (--compile is on by default there)
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 for cache in $CACHES; do
