@@ -278,10 +278,10 @@ class Artifact:
     def check_sampling(self, temperature: float, top_p: float) -> None:
         """Warn (not refuse: it still decodes losslessly) when used at another temperature or top-p than
         it was tuned for: acceptance, hence the best stopping point, depends on them."""
-        s = self.sampling
-        if (s["temperature"], s["top_p"] if s["temperature"] > 0 else 1.0) != (temperature, top_p if temperature > 0 else 1.0):
-            trained = "greedy decoding" if s["temperature"] == 0 else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}"
-            running = "greedy decoding" if temperature == 0 else f"temperature {temperature:g}, top-p {top_p:g}"
+        describe = lambda t, p: "greedy decoding" if t == 0 else f"temperature {t:g}, top-p {p:g}"  # noqa: E731
+        trained = describe(self.sampling["temperature"], self.sampling["top_p"])
+        running = describe(temperature, top_p)
+        if trained != running:  # (top-p plays no part in greedy decoding)
             warnings.warn(f"{self.path} was trained for {trained} but runs at {running}: its setting was tuned for "
                           "the other; collect and train at this setting (disco collect --temperature) for the best "
                           "policy", SamplingMismatch, stacklevel=3)

@@ -700,10 +700,8 @@ def train(cfg: TrainConfig) -> TrainReport:
     metrics = model_metrics[best.model_name]
     decoding = "greedy decoding"
     if data.sampled:  # the check: the same policies replayed with the traces' sampled outcomes instead
-        check = simulate_many(traces_for(data, val_mask, expected=False),
-                              {"chosen": best.factory(cost), "threshold": replay_policy("threshold",
-                                                                                         threshold=tuned["threshold"].best)},
-                              cfg.max_window)
+        replays = {"chosen": best.factory(cost), "threshold": replay_policy("threshold", threshold=tuned["threshold"].best)}
+        check = simulate_many(traces_for(data, val_mask, expected=False), replays, cfg.max_window)
         decoding = (f"sampling at temperature {data.sampling['temperature']:g}, top-p {data.sampling['top_p']:g} "
                     f"({labels} labels; simulated with expected acceptance; with the traces' sampled outcomes instead: "
                     f"best learned policy {check['chosen'].speedup(cost):.3f}, tuned threshold "
