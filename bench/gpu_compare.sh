@@ -3,7 +3,7 @@
 # profile and the compare table once per path, eager (transformers' DynamicCache, eager forwards) and
 # captured (static, position-indexed caches; each model's step compiled per verify-width bucket with
 # CUDA graphs, compiled once before any timing: the profile's and compare.json's compile_s).
-# Assumes the project is installed (`make install`) and the pair prepared (`disco models prepare`).
+# Assumes the project is installed (`make install`); prepares the pair itself (once, cached).
 # Timings are synchronised on CUDA (disco/decode.py, disco/compare.py); bf16 on the GPU by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,7 @@ OUT=${OUT:-bench/gpu}
 CACHES=${CACHES:-dynamic static}  # static on cuda = captured steps (--compile is on by default there)
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+$DISCO models prepare --engine torch 2>&1 | tail -2
 for cache in $CACHES; do
   $DISCO profile --engine torch --device cuda --cache "$cache" --out "$OUT/profile-cuda-$cache.json" 2>&1 \
     | tee "$OUT/profile-$cache.log"
