@@ -3,8 +3,9 @@
 # T = 0.7, top-p 0.95 on both engines, the classifier and every baseline tuned for that setting, and one
 # `disco compare` per engine at the same setting on held-out test prompts, 3 seeds each, beside the
 # greedy-trained classifier. Every step resumes or is quick to redo. On a 2-core CPU: llama.cpp
-# collection ~6 s per train prompt (273 prompts: ~27 min); torch collection ~20 s per prompt; training
-# ~5 min; llama.cpp compare ~1.5 min per prompt and seed, torch ~2.5 min. Run one heavy step at a time.
+# collection ~7 s per train prompt (273 prompts: 34 min); torch collection ~20 s per prompt; training
+# 1-2 min; llama.cpp compare ~3.4 min per prompt and seed (17 rows), torch ~2.3 min (8 rows). Run one
+# heavy step at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}
@@ -21,7 +22,7 @@ LLAMA_TRACES=${LLAMA_TRACES:-traces/llamacpp-t$T-train-$MAX_NEW}
 TORCH_TRACES=${TORCH_TRACES:-traces/torch-t$T-train-$MAX_NEW}
 LLAMA_CLF=${LLAMA_CLF:-models/embedded-qwen2.5-coder-llamacpp-t$T}   # shipped: the llama.cpp policy for T
 LLAMA_GREEDY=${LLAMA_GREEDY:-models/embedded-qwen2.5-coder-llamacpp}  # shipped: the greedy one
-TORCH_CLF=${TORCH_CLF:-runs/sampling/torch-t$T-classifier}
+TORCH_CLF=${TORCH_CLF:-models/embedded-qwen2.5-coder-t$T}                # shipped: the torch policy for T
 TORCH_GREEDY=${TORCH_GREEDY:-models/embedded-qwen2.5-coder}                # shipped: the greedy torch policy
 TORCH_LLAMA_TRACES=${TORCH_LLAMA_TRACES:-runs/sampling/llamacpp-t$T-torchcost-soft}  # step 3: llama.cpp traces, torch costs
 OUT=${OUT:-bench/sampling}

@@ -339,7 +339,8 @@ def _record(pair: Pair, prompt_ids: list[int], config: DecodeConfig, res: GenRes
     Greedy: whether the output equals target-only decoding's. Sampling: the sum of the target's
     log-probabilities of the output (target_logprob, outside the timed run)."""
     s = res.stats
-    out = {**s.to_dict(), "speedup": ref.stats.wall_s / s.wall_s, "forwards_known": forwards_known}
+    out = {**s.to_dict(), "speedup": _per_token_speedup(ref.stats.wall_s, ref.stats.new_tokens, s.wall_s, s.new_tokens),
+           "forwards_known": forwards_known}
     if config.temperature == 0:
         return {**out, "lossless": res.tokens == ref.tokens, "first_mismatch": _first_mismatch(res.tokens, ref.tokens)}
     return {**out, "target_logprob": target_logprob(pair, prompt_ids, res.tokens, config)}
@@ -355,6 +356,12 @@ def target_logprob(pair: Pair, prompt_ids: list[int], tokens: list[int], config:
     logits, _ = teacher_forced(pair.target, ids, len(prompt_ids))
     p = warp(logits, config.temperature, config.top_p)
     return float(p.gather(-1, ids[len(prompt_ids):, None])[:, 0].clamp_min(1e-30).log().sum())
+
+
+def _per_token_speedup(base_s: float, base_tokens: int, s: float, tokens: int) -> float:
+    """Target-only time per token over the policy's: under sampling their outputs (and lengths) differ,
+    so whole-run times do not compare; under greedy decoding the lengths are equal and this is their ratio."""
+    return (base_s / max(base_tokens, 1)) / (s / max(tokens, 1)) if s > 0 else 0.0
 
 
 def _first_mismatch(tokens: list[int], ref: list[int]) -> int | None:
@@ -376,8 +383,8 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
     sampled = "target_logprob" in runs[0]
     by_seed = _pooled_by_seed(per_prompt, lambda r: r["wall_s"], label)
     out = {
-        # pooled: total target-only time over total time of this policy, same tokens
-        "speedup": sum(b["wall_s"] for b in base) / wall if wall else 0.0,
+        # pooled: target-only's time per token over this policy's, each summed over the prompts
+        "speedup": _per_token_speedup(sum(b["wall_s"] for b in base), sum(b["new_tokens"] for b in base), wall, tokens),
         "speedup_median": statistics.median(r["speedup"] for r in runs),
         "speedup_min": min(r["speedup"] for r in runs),
         "speedup_max": max(r["speedup"] for r in runs),
@@ -397,13 +404,14 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
 
 
 def _pooled_by_seed(per_prompt: list[dict], time_of, label: str) -> dict[str, float]:
-    """{seed: target-only time over `label`'s time, each summed over the prompts run with that seed}."""
+    """{seed: target-only time per token over `label`'s, each summed over the prompts run with that seed}."""
     seeds: dict[str, list[float]] = {}
     for p in per_prompt:
-        t = seeds.setdefault(str(p.get("seed")), [0.0, 0.0])
-        t[0] += time_of(p["runs"][TARGET_LABEL])
-        t[1] += time_of(p["runs"][label])
-    return {seed: base / t if t else 0.0 for seed, (base, t) in seeds.items()}
+        t = seeds.setdefault(str(p.get("seed")), [0.0, 0.0, 0.0, 0.0])
+        base, run = p["runs"][TARGET_LABEL], p["runs"][label]
+        t[0], t[1] = t[0] + time_of(base), t[1] + base["new_tokens"]
+        t[2], t[3] = t[2] + time_of(run), t[3] + run["new_tokens"]
+    return {seed: _per_token_speedup(*t) for seed, t in seeds.items()}
 
 
 def cost_model_speedups(result: dict, cost: CostModel) -> dict[str, dict | None]:

@@ -48,8 +48,10 @@ def _windows_vs_oracle(result: dict, path: Path) -> Path | None:
     return path
 
 
-def _window_histograms(result: dict, path: Path) -> Path:
+def _window_histograms(result: dict, path: Path) -> Path | None:
     labels = _policies_with_windows(result)
+    if not labels:  # only the engines' own decoding (e.g. --policies llama-server): no windows to show
+        return None
     fig, axes = plt.subplots(1, len(labels), figsize=(3.0 * len(labels), 2.8), sharey=True, squeeze=False)
     top = max([w for p in result["prompts"] for label in labels for w in p["runs"][label]["windows"]] + [1])
     for ax, label in zip(axes[0], labels):

@@ -57,6 +57,16 @@ def test_compare_shows_the_padding_of_captured_steps(tmp_path):
     assert "padding/tok" in table[0] and all(line.count("|") == table[0].count("|") for line in table)
 
 
+def test_compare_of_anchors_only_plots_what_it_has(tmp_path):
+    """--policies naming only an engine's own decoding (no windows known): no window plots, no crash."""
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    pair = pair_from_models(target, draft, char_tokenizer())
+    entries = [e for e in default_entries() if e.label == HF_LABEL]
+    run_compare(pair, [Prompt("p0", "t", "def f(x): return")], entries, DecodeConfig(max_new_tokens=8), tmp_path,
+                progress=False)
+    assert (tmp_path / "speedup.png").exists() and not (tmp_path / "window_histograms.png").exists()
+
+
 def test_cost_model_speedups_from_counts():
     from disco.simulate import CostModel
 
@@ -110,9 +120,14 @@ def test_compare_sampled_runs_seeds_and_reports_log_probs(tmp_path):
     assert "oracle" not in [e.label for e in entries] and HF_LABEL in [e.label for e in entries]
     result = run_compare(pair, prompts, entries, config, tmp_path, progress=False, seeds=3)
     assert [(p["id"], p["seed"]) for p in result["prompts"]] == [(f"p{i}", s) for i in range(2) for s in (5, 6, 7)]
+    base_rate = result["summary"][TARGET_LABEL]["tokens_per_s"]
     for label, s in result["summary"].items():
         assert set(s["speedup_by_seed"]) == {"5", "6", "7"} and "lossless" not in s
         assert s["target_logprob"] < 0, label
+        # outputs (and their lengths) differ between runs: speedups compare time per token
+        assert s["speedup"] == pytest.approx(s["tokens_per_s"] / base_rate), label
+    from disco.compare import _per_token_speedup
+    assert _per_token_speedup(10.0, 50, 10.0, 100) == 2.0  # same time, twice the tokens: twice as fast
     # the log-prob is the output's: target-only's second seed, decoded again
     ids = pair.encode(prompts[0].prompt)
     again = target_generate(pair.target, ids, dataclasses.replace(config, seed=6), pair.eos_token_ids).tokens
