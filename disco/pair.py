@@ -17,7 +17,7 @@ import torch
 from disco.cpu import DEFAULT_CPU_BACKEND, apply_cpu_backend, check_cpu_backend, cpu_backend_of
 from disco.engines.base import DEFAULT_ENGINE, ENGINES, as_engine
 from disco.engines.llamacpp import DEFAULT_VERIFY
-from disco.engines.torch_engine import CACHES, DEFAULT_CACHE, TorchEngine
+from disco.engines.torch_engine import DEFAULT_CACHE, TorchEngine, check_cache
 from disco.errors import DiscoError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -272,8 +272,7 @@ def load_pair(
     `verify`, `draft_quant`: load_llamacpp_pair), or auto (resolve_engine)."""
     if (target is None) != (draft is None):
         raise DiscoError("give both --target and --draft, or neither (the embedded default pair)")
-    if cache not in CACHES:
-        raise DiscoError(f"unknown --cache {cache!r}: choose one of {', '.join(CACHES)}")
+    check_cache(cache)
     engine = resolve_engine(engine, target, draft, device)
     if engine == "llama.cpp":
         if cache != DEFAULT_CACHE or compile:
@@ -300,9 +299,7 @@ def load_pair(
         role = lambda enc: "an encoder-decoder" if enc else "decoder-only"  # noqa: E731
         raise DiscoError(f"target {names[0]} is {role(kinds[0])} but draft {names[1]} is {role(kinds[1])}: "
                          "pick a draft of the target's family")
-    if kinds[0] and cache == "static":
-        raise DiscoError(f"--cache static: {names[0]} is an encoder-decoder, whose cache stays dynamic; use --cache "
-                         "dynamic or auto")
+    check_cache(cache, kinds[0], names[0])  # before any weights load
     if kinds[0] and dev.type == "cpu" and cpu_backend in _PACKED_CPU_BACKENDS:
         if cpu_backend == "int8":
             raise DiscoError("--cpu-backend int8 does not support encoder-decoder models (T5): use transposed or eager")

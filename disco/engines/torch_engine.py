@@ -90,14 +90,19 @@ CACHES = ("auto", "static", "dynamic")
 DEFAULT_CACHE = "auto"  # static for decoder-only models on CUDA, dynamic elsewhere (resolve_cache)
 
 
-def resolve_cache(model: torch.nn.Module, cache: str) -> str:
-    """"static" or "dynamic": the cache a decode of `model` uses under the `--cache` choice."""
+def check_cache(cache: str, encoder_decoder: bool = False, name: str = "") -> None:
+    """Refuse an unknown `--cache` choice, and a static cache for an encoder-decoder (`name`)."""
     if cache not in CACHES:
         raise DiscoError(f"unknown --cache {cache!r}: choose one of {', '.join(CACHES)}")
-    encoder_decoder = model_kind(model).encoder_decoder
     if cache == "static" and encoder_decoder:
-        raise DiscoError(f"--cache static: {type(model).__name__} is an encoder-decoder, whose cache stays "
-                         "dynamic; use --cache dynamic or auto")
+        raise DiscoError(f"--cache static: {name} is an encoder-decoder, whose cache stays dynamic; use --cache "
+                         "dynamic or auto")
+
+
+def resolve_cache(model: torch.nn.Module, cache: str) -> str:
+    """"static" or "dynamic": the cache a decode of `model` uses under the `--cache` choice."""
+    encoder_decoder = model_kind(model).encoder_decoder
+    check_cache(cache, encoder_decoder, type(model).__name__)
     if cache == "auto":
         on_cuda = next(model.parameters()).device.type == "cuda"
         return "static" if on_cuda and not encoder_decoder else "dynamic"
