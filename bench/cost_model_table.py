@@ -11,7 +11,7 @@ import json
 import sys
 
 from disco.compare import FAST_SUFFIX, cost_model_speedups, spread
-from disco.simulate import CostModel
+from disco.cost import CostModel
 
 
 def main(compare_json: str, profile: str, fast_profile: str | None = None) -> None:

@@ -31,6 +31,7 @@ from disco.cpu import linear_weight_bytes  # noqa: E402
 from disco.decode import DecodeConfig, target_generate  # noqa: E402
 from disco.engines.base import as_engine  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
+from disco.options import PairOptions
 from disco.profile import profile_pair  # noqa: E402
 from disco.prompts import DATA_DIR, load_prompts  # noqa: E402
 
@@ -70,9 +71,9 @@ def main() -> None:
                  "bandwidth_gbs": bandwidth_gbs()}
     say(f"memory bandwidth {run['bandwidth_gbs']:.1f} GB/s")
     pairs = {
-        "torch float32 (onednn)": load_pair(engine="torch", device="cpu"),
-        "llama.cpp (draft Q4_K_M as shipped)": load_pair(engine="llama.cpp", verify="fast", draft_quant="none"),
-        "llama.cpp (draft re-quantized to Q4_0)": load_pair(engine="llama.cpp", verify="fast", draft_quant="q4_0"),
+        "torch float32 (onednn)": load_pair(PairOptions(engine="torch", device="cpu")),
+        "llama.cpp (draft Q4_K_M as shipped)": load_pair(PairOptions(engine="llama.cpp", verify="fast", draft_quant="none")),
+        "llama.cpp (draft re-quantized to Q4_0)": load_pair(PairOptions(engine="llama.cpp", verify="fast", draft_quant="q4_0")),
     }
     rows = {}
     for label, pair in pairs.items():

@@ -26,6 +26,7 @@ from disco.classifier import ClassifierPolicy
 from disco.collect import trace_prompt
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.pair import load_pair
+from disco.options import PairOptions
 from disco.prompts import load_prompt_sources
 from disco.simulate import prompt_traces, read_traces, replay_policy, simulate_many
 
@@ -48,7 +49,7 @@ def main() -> None:
     texts = {p.id: p for p in load_prompt_sources(manifest["prompts"]["sources"], None)}
     ids = list(dict.fromkeys(src.rows["prompt_id"]))[: args.prompts]
 
-    pair = load_pair(None, None, "auto", "auto", engine="torch")
+    pair = load_pair(PairOptions(engine="torch"))
     art = load_artifact(args.classifier, expect_pair=pair)
     tuned = art.manifest["tuned"]
     policies = {

@@ -14,6 +14,7 @@ import torch
 
 from disco.engines.base import as_engine
 from disco.pair import load_pair
+from disco.options import PairOptions
 from disco.profile import _median_time, context_ids
 
 CONTEXT, WIDTHS, REPEATS = 100, (1, 2, 4, 8, 16, 21), 5
@@ -21,7 +22,7 @@ CONTEXT, WIDTHS, REPEATS = 100, (1, 2, 4, 8, 16, 21), 5
 
 @torch.inference_mode()
 def main(rounds: int = 4) -> None:
-    pair = load_pair(engine="torch", cache="dynamic")
+    pair = load_pair(PairOptions(engine="torch", cache="dynamic"))
     ids = torch.tensor(context_ids(pair.tokenizer, CONTEXT + max(WIDTHS)))
     times = {(c, role, k): [] for c in ("dynamic", "static") for role in ("draft", "target") for k in WIDTHS}
     for _ in range(rounds):

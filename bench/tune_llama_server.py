@@ -25,6 +25,7 @@ from disco.engines.base import as_engine  # noqa: E402
 from disco.files import atomic_write_json  # noqa: E402
 from disco.llamacpp_server import LlamaServer, server_binary  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
+from disco.options import PairOptions
 from disco.prompts import DATA_DIR, load_prompts  # noqa: E402
 
 
@@ -49,7 +50,7 @@ def main() -> None:
     ap.add_argument("--p-min", default="0.5,0.7,0.8,0.9", help="comma list of --draft-p-min values")
     args = ap.parse_args()
 
-    pair = load_pair(engine="llama.cpp")
+    pair = load_pair(PairOptions(engine="llama.cpp"))
     target, draft = as_engine(pair.target), as_engine(pair.draft)
     prompts = validation_prompts(args.classifier, args.per_task)
     encoded = [pair.encode(p.prompt) for p in prompts]

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from disco.cost import CostModel
 from disco.errors import DiscoError
 from disco.features import FEATURES
 from disco.files import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -298,7 +299,6 @@ class Artifact:
 
     def cost_model(self):
         """The cost model the rules were tuned under (simulate.CostModel), None if not recorded."""
-        from disco.simulate import CostModel
 
         c = self.manifest.get("cost_model")
         return CostModel.from_dict(c, str(c.get("source", "artifact"))) if c else None

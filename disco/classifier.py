@@ -1,8 +1,8 @@
 """DISCO's stopping policy: a trained model's P(accept) of each draft token, and a rule on it.
 
-The same object serves the live loop (decode.speculative_generate calls should_stop with a
-DraftStep) and the simulator (simulate._replay calls `features` and `stops` with the trace's
-token features), so both take the decision by one rule on one feature vector:
+The same object serves the live loop and the simulator: both run rounds.draft_window, which calls
+`decide` with a step (live: a DraftStep; simulated: a TraceStep with the trace's token features), so
+both take the decision by one rule on one feature vector:
 
     features = WindowState.step(token_features(step), window_pos)   (features.py, FEATURES order)
                [+ the draft's hidden state, for a model that reads it]
@@ -39,12 +39,11 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from disco.defaults import DEFAULT_RULE, RULES
 from disco.errors import DiscoError
-from disco.features import FEATURES, TARGET_SIGNALS, WindowState, token_features
-from disco.policy import PolicyBase, Signals
+from disco.features import FEATURES, TARGET_SIGNALS, WindowState
+from disco.policy import Decision, PolicyBase, Signals, decide_now
 
-RULES = ("token", "cumulative", "cost", "cost-adaptive")
-DEFAULT_RULE = "token"
 FORECAST_KEEP = 0.5  # cost-adaptive: weight of the old acceptance estimate after each window
 FORECAST_RELAX = 0.25  # cost-adaptive: share of the way back to 1 the estimate moves per skipped round
 
@@ -176,15 +175,20 @@ class ClassifierPolicy(PolicyBase):
         self.window.start()
         self._survive, self._pos = 1.0, 0
 
+    def decide(self, step) -> Decision:
+        """Ask the model about this token (live: a DraftStep, features computed here; simulated: a
+        TraceStep carrying the trace's), then stop by the rule."""
+        feats = self.features(step.token_features(self.token_classes), step.window_pos, step.hidden)
+        return self.stops((yield feats))
+
     def should_stop(self, step) -> bool:
-        if self.token_classes is None:
-            raise DiscoError("the live classifier policy needs the pair's token classes: build it with "
-                             "ClassifierPolicy.for_pair(artifact, pair)")
-        tok = token_features(step.probs, step.token, step.gen_pos, step.context(), self.token_classes)
-        feats = self.features(tok, step.window_pos, step.hidden)
+        return decide_now(self.decide(step), self)
+
+    def p_accept(self, feats: torch.Tensor) -> float:
+        """The live model's P(accept) of one feature vector, on the draft's device."""
         if self._predict is None:
             self._predict = self.model.torch_predictor(feats.device)
-        return self.stops(float(self._predict(feats)))  # the one host sync of this draft token
+        return float(self._predict(feats))  # the one host sync of this draft token
 
     def update(self, n_drafted: int, n_accepted: int, signals: Signals | None = None) -> None:
         self.window.end(n_drafted, n_accepted, signals() if signals is not None and self.reads_signals else None)

@@ -51,6 +51,7 @@ import torch
 import disco
 from disco.decode import DecodeConfig, target_generate, warp
 from disco.engines.base import numeric_identity, teacher_forced
+from disco.defaults import DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
 from disco.errors import DiscoError
 from disco.features import (FEATURES, WindowState, entropy, hidden_info, hidden_projection, token_class_table,
                             token_features)
@@ -63,8 +64,6 @@ from disco.trace import COLUMNS, HIDDEN_COLUMN, MANIFEST, signals_at
 # and the draft's hidden state, /3 sampled traces and target_prob_target (older traces stay readable
 # for the columns they have)
 FORMAT = "disco-trace/3"
-DEFAULT_SHARD_PROMPTS = 64  # prompts per shard: bounds shard count on big runs ...
-DEFAULT_FLUSH_S = 120.0  # ... and this bounds the work a kill loses on slow ones
 DATA = "data"  # the shards' subfolder: a folder of Parquet files only, so any Parquet reader takes it whole
 SHARD_GLOB = "part-r*.parquet"
 _SHARD_RE = re.compile(r"part-r(\d+)-(\d+)\.parquet")

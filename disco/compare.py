@@ -29,11 +29,11 @@ from disco.engines.base import as_engine, teacher_forced
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, atomic_write_text
 from disco.pair import Pair
-from disco.policy import PolicySpec
+from disco.policies import PolicySpec
 from disco.prompts import Prompt
 
 if TYPE_CHECKING:
-    from disco.simulate import CostModel
+    from disco.cost import CostModel
 
 HF_LABEL = "transformers"  # transformers' own generate(assistant_model=draft) with its defaults
 TARGET_LABEL = "target"
@@ -267,7 +267,7 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     labels = [TARGET_LABEL] + [e.label for e in entries]
     summary = {label: _summarise(label, per_prompt) for label in labels}
     result = {"pair": pair.describe(), "config": config.__dict__, "n_prompts": len(prompts), "seeds": seeds,
-              "compile_s": compile_s,
+              "compile_s": compile_s, "reference": TARGET_LABEL,
               "anchors": [e.label for e in entries if e.anchor], "summary": summary, "prompts": per_prompt}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "compare.json", result)

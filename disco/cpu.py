@@ -34,17 +34,9 @@ import warnings
 import torch
 from torch import nn
 
+from disco.defaults import CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.errors import DiscoError
 
-CPU_BACKENDS = ("eager", "transposed", "onednn", "int8")
-# The fastest backend that keeps float32 greedy output unchanged (bench/RESULTS.md, issue 3).
-DEFAULT_CPU_BACKEND = "onednn"
-CPU_BACKEND_HELP = {
-    "eager": "F.linear as loaded (PyTorch/MKL default; slow for 2-16 rows)",
-    "transposed": "float32, (W @ x^T)^T on the same weights (no copy)",
-    "onednn": "float32, weights prepacked for oneDNN: verifying k tokens costs ~one step",
-    "int8": "int8 weights + per-token int8 activations (fbgemm): ~4x fewer bytes; changes the target's numbers",
-}
 FLOAT32_EXACT = ("eager", "transposed", "onednn")  # same math as eager up to float rounding
 
 

@@ -1,4 +1,4 @@
-"""The speculative decoding loop: draft -> verify -> accept -> roll back caches -> record.
+"""The speculative decoding loop: draft -> verify -> accept -> commit -> record (rounds.py names the phases).
 
 One loop serves every policy and plain target-only decoding (max_window = 0), so baselines
 and speculative runs share every line of code that is not about drafting.
@@ -14,25 +14,29 @@ a torch model passed in directly runs on the torch engine.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from disco.engines.base import Engine, as_engine, check_compatible
+from disco.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_MAX_WINDOW, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
+from disco.engines.base import Engine, Session, as_engine, check_compatible, sync
 from disco.errors import DiscoError
 from disco.features import target_signals
-from disco.policy import DEFAULT_MAX_WINDOW, DraftStep, PolicySpec, StoppingPolicy
+from disco.policies import PolicySpec
+from disco.policy import DraftStep, StoppingPolicy, decide_now
+from disco.rounds import commit, draft_window, end_round, leading_run, window_limit
+from disco.stats import GenResult, GenStats
 
-DEFAULT_MAX_NEW_TOKENS = 128
+__all__ = ["DecodeConfig", "GenResult", "GenStats", "generate", "speculative_generate", "target_generate", "warp"]
 
 
 @dataclass
 class DecodeConfig:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # generated tokens at most (EOS stops earlier)
     max_window: int = DEFAULT_MAX_WINDOW  # draft tokens per round at most; 0 = target-only decoding
-    temperature: float = 0.0  # 0 = greedy (output identical to the target's greedy decoding)
-    top_p: float = 1.0  # nucleus sampling, applied to target and draft alike when sampling
-    seed: int = 0  # sampling seed (unused when greedy)
+    temperature: float = DEFAULT_TEMPERATURE  # 0 = greedy (output identical to the target's greedy decoding)
+    top_p: float = DEFAULT_TOP_P  # nucleus sampling, applied to target and draft alike when sampling
+    seed: int = DEFAULT_SEED  # sampling seed (unused when greedy)
 
     def validate(self) -> None:
         if self.max_new_tokens <= 0:
@@ -43,72 +47,6 @@ class DecodeConfig:
             raise DiscoError(f"--temperature must be 0 (greedy) or positive (got {self.temperature})")
         if not 0.0 < self.top_p <= 1.0:
             raise DiscoError(f"--top-p must be within (0, 1] (got {self.top_p})")
-
-
-@dataclass
-class GenStats:
-    new_tokens: int = 0  # tokens generated (including a final EOS)
-    target_forwards: int = 0  # target calls after the prompt prefill (one per round)
-    draft_forwards: int = 0  # draft calls after the prompt prefill (one per drafted token)
-    drafted: int = 0  # draft tokens sent to verification
-    accepted: int = 0  # draft tokens the target accepted
-    windows: list[int] = field(default_factory=list)  # drafted tokens per round
-    accepted_per_window: list[int] = field(default_factory=list)  # accepted tokens per round
-    prefill_s: float = 0.0  # the target's prompt prefill (and encoding); the draft's runs at its first window
-    # tokens re-run because a KV cache could not be rolled back (crop failed); 0 when rollback is a crop
-    recomputed_tokens: int = 0
-    # filler tokens that padded forwards up to a captured width (torch --compile): the cost of a
-    # verify is its bucket's, not its width's
-    padded_tokens: int = 0
-    wall_s: float = 0.0  # the whole call, prefill included
-
-    def record_window(self, drafted: int, accepted: int) -> None:
-        """One verified window (the loop and the simulator count alike)."""
-        self.windows.append(drafted)
-        self.accepted_per_window.append(accepted)
-        self.drafted += drafted
-        self.accepted += accepted
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    def summary(self) -> str:
-        return (
-            f"{self.new_tokens} tokens in {self.wall_s:.2f}s ({self.tokens_per_s:.2f} tok/s); "
-            f"target forwards {self.target_forwards}, draft forwards {self.draft_forwards}, "
-            f"accepted {self.accepted}/{self.drafted} drafted ({100 * self.acceptance_rate:.0f}%)"
-            + (f"; {self.recomputed_tokens} tokens re-run (a cache could not be cropped)"
-               if self.recomputed_tokens else "")
-            + (f"; {self.padded_tokens} filler tokens padded forwards to captured widths" if self.padded_tokens else "")
-        )
-
-    def to_dict(self) -> dict:
-        return {
-            "new_tokens": self.new_tokens,
-            "target_forwards": self.target_forwards,
-            "draft_forwards": self.draft_forwards,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "windows": self.windows,
-            "accepted_per_window": self.accepted_per_window,
-            "prefill_s": self.prefill_s,
-            "cache_rollback": "recompute" if self.recomputed_tokens else "crop",
-            "recomputed_tokens": self.recomputed_tokens,
-            "padded_tokens": self.padded_tokens,
-            "wall_s": self.wall_s,
-            "tokens_per_s": self.tokens_per_s,
-        }
-
-
-@dataclass
-class GenResult:
-    tokens: list[int]  # generated token ids (prompt excluded)
-    stats: GenStats
 
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -141,9 +79,40 @@ def _pick(probs: torch.Tensor, greedy: bool, gen: torch.Generator | None) -> tor
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class _Drafter:
+    """The draft model's side of the live loop: its session, opened (and prefilled) at the first window,
+    since a policy may never draft, and the current window's tokens and distributions."""
+
+    def __init__(self, engine: Engine | None, n_prompt: int, hidden: bool, capacity: int, config: DecodeConfig,
+                 gen: torch.Generator | None) -> None:
+        self.engine, self.n_prompt, self.want_hidden, self.capacity = engine, n_prompt, hidden, capacity
+        self.config, self.gen = config, gen
+        self.session: Session | None = None
+        self.begin(torch.empty(0, dtype=torch.long))
+
+    def begin(self, ids: torch.Tensor) -> None:
+        """A new round after the committed tokens `ids` (prompt + output)."""
+        self.ids, self.tokens, self.q_rows = ids, [], []
+
+    def propose(self, pos: int) -> DraftStep:
+        """Draft the pos-th token of the window: what the policy decides on."""
+        if self.session is None:
+            self.session = self.engine.session(self.ids[: self.n_prompt], hidden=self.want_hidden,
+                                               capacity=self.capacity)
+            self.session.prefill()
+        feed = self.session.unseen(self.ids) if pos == 1 else self.tokens[-1].view(1)
+        logits = self.session.forward(feed, 1)[0]
+        q = warp(logits, self.config.temperature, self.config.top_p)
+        tok = _pick(q, self.gen is None, self.gen)
+        hidden = self.session.hidden()[-1] if self.want_hidden else None
+        gen_pos = len(self.ids) - self.n_prompt + pos - 1
+        step = DraftStep(logits, q, tok, pos, gen_pos, self.ids, self.tokens[:], hidden)
+        self.tokens.append(tok)
+        self.q_rows.append(q)
+        return step
+
+    def window(self) -> torch.Tensor:
+        return torch.stack(self.tokens) if self.tokens else self.ids.new_empty(0)
 
 
 @torch.inference_mode()
@@ -153,14 +122,14 @@ def speculative_generate(
     prompt_ids: list[int],
     policy: StoppingPolicy | None,
     config: DecodeConfig,
-    eos_token_ids: set[int] = frozenset(),
+    eos_token_ids: frozenset[int] = frozenset(),
     target_rows: list[torch.Tensor] | None = None,
 ) -> GenResult:
     """Generate from `target`, drafting with `draft` under `policy`.
 
     Greedy (temperature 0): the output equals the target's own greedy decoding token for token.
     Sampling: Leviathan et al.'s rejection sampling keeps the target's distribution.
-    max_window = 0 (or no draft) is plain target-only decoding through the same code.
+    max_window = 0 (or no draft, or no policy) is plain target-only decoding through the same code.
     target_rows: a list to append the target's logits at every generated position to ((n, vocab)
     per round: what the collector needs, with no second target pass).
     """
@@ -170,97 +139,68 @@ def speculative_generate(
     max_window = config.max_window if draft is not None and policy is not None else 0
     target = as_engine(target)  # a torch model runs on the torch engine
     draft = as_engine(draft) if max_window > 0 else None
+    if draft is not None:
+        check_compatible(target, draft)
     device = target.device
     greedy = config.temperature == 0.0
     gen = None if greedy else torch.Generator(device=device).manual_seed(config.seed)
     stats = GenStats()
 
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=device)  # prompt + output so far
-    if max_window > 0:
-        check_compatible(target, draft)
     capacity = len(prompt_ids) + config.max_new_tokens  # the furthest position any forward reaches
-    t_state = target.session(ids, capacity=capacity)
-    t_state.prefill()  # everything but the pending (last) token
-    want_hidden = max_window > 0 and policy.needs_hidden
-    d_state = None  # the draft's session opens (and prefills) at its first window: a policy may never draft
-    _sync(device)
+    target_session = target.session(ids, capacity=capacity)
+    target_session.prefill()  # everything but the pending (last) token
+    drafter = _Drafter(draft, len(prompt_ids), max_window > 0 and policy.needs_hidden, capacity, config, gen)
+    sync(device)
     stats.prefill_s = time.perf_counter() - t0
-    n_prompt = len(prompt_ids)
     out: list[int] = []
 
     while len(out) < config.max_new_tokens:
-        # 1. Draft: up to k tokens, the policy deciding after each one.
-        k_max = min(max_window, config.max_new_tokens - len(out) - 1)  # verification adds one token
-        drafted: list[torch.Tensor] = []
-        q_rows: list[torch.Tensor] = []
-        if k_max > 0 and policy.drafts():
-            if d_state is None:
-                d_state = draft.session(ids[:n_prompt], hidden=want_hidden, capacity=capacity)
-                d_state.prefill()
-            policy.start()
-            feed = d_state.unseen(ids)
-            for pos in range(1, k_max + 1):
-                logits = d_state.forward(feed, 1)[0]
-                stats.draft_forwards += 1
-                q = warp(logits, config.temperature, config.top_p)
-                tok = _pick(q, greedy, gen)
-                hidden = d_state.hidden()[-1] if want_hidden else None
-                step = DraftStep(logits, q, tok, pos, len(out) + pos - 1, ids, drafted[:], hidden)
-                drafted.append(tok)
-                q_rows.append(q)
-                if policy.should_stop(step) or pos == k_max:
-                    break
-                feed = tok.view(1)
-        k = len(drafted)
+        # 1. Draft: up to k_max tokens, the policy deciding after each one.
+        drafter.begin(ids)
+        k_max = window_limit(max_window, config.max_new_tokens, len(out))
+        k = decide_now(draft_window(policy, k_max, drafter.propose, stats), policy)
 
         # 2. Verify: one target forward over the pending token(s) and every draft token.
-        draft_ids = torch.stack(drafted) if drafted else ids.new_empty(0)
-        t_logits = t_state.forward(torch.cat([t_state.unseen(ids), draft_ids]), k + 1)
-        stats.target_forwards += 1
+        draft_ids = drafter.window()
+        t_logits = target_session.forward(torch.cat([target_session.unseen(ids), draft_ids]), k + 1)
 
         # 3. Accept: the longest agreeing prefix, then the target's own next token.
         if greedy:
             target_tokens = t_logits.argmax(-1)  # (k + 1,)
-            n = int((draft_ids == target_tokens[:k]).cumprod(0).sum())
+            n = leading_run(draft_ids == target_tokens[:k])
             next_tok = target_tokens[n]
         else:
             p = warp(t_logits, config.temperature, config.top_p)  # (k + 1, vocab)
-            n, next_tok = _rejection_sample(p, q_rows, draft_ids, gen)
+            n, next_tok = _rejection_sample(p, drafter.q_rows, draft_ids, gen)
         new = torch.cat([draft_ids[:n], next_tok.view(1)])
 
         # 4. Commit (stopping at EOS and the token budget), roll both caches back.
-        new_list = new.tolist()
-        for i, t in enumerate(new_list):
-            if t in eos_token_ids:
-                new_list = new_list[: i + 1]
-                break
-        new_list = new_list[: config.max_new_tokens - len(out)]
+        new_list = commit(new.tolist(), eos_token_ids, config.max_new_tokens - len(out))
         out.extend(new_list)
         if target_rows is not None:
             target_rows.append(t_logits[: len(new_list)])
         ids = torch.cat([ids, new[: len(new_list)]])
-        t_state.truncate(len(ids) - 1)
-        if d_state is not None:
-            d_state.truncate(len(ids) - 1)
+        target_session.truncate(len(ids) - 1)
+        if drafter.session is not None:
+            drafter.session.truncate(len(ids) - 1)
 
-        # 5. Record.
-        if k > 0:
-            # what the target said at its own token (the policy computes it only if it reads it)
-            signals = lambda: target_signals(warp(t_logits[n], config.temperature, config.top_p), next_tok,  # noqa: E731
-                                             q_rows[n] if n < k else None)
-            policy.update(k, n, signals)
-            stats.record_window(k, n)
+        # 5. Record: what the target said at its own token (computed only if the policy reads it).
+        q_next = drafter.q_rows[n] if n < k else None
+        signals = lambda: target_signals(warp(t_logits[n], config.temperature, config.top_p), next_tok, q_next)  # noqa: E731
+        end_round(policy, stats, k, n, signals)
         if new_list and new_list[-1] in eos_token_ids:
             break
 
-    _sync(device)
+    sync(device)
     stats.wall_s = time.perf_counter() - t0
     stats.new_tokens = len(out)
-    stats.recomputed_tokens = t_state.recomputed + (d_state.recomputed if d_state is not None else 0)
-    stats.padded_tokens = t_state.padded + (d_state.padded if d_state is not None else 0)
-    assert len(ids) == n_prompt + len(out)
+    sessions = [s for s in (target_session, drafter.session) if s is not None]
+    stats.recomputed_tokens = sum(s.recomputed for s in sessions)
+    stats.padded_tokens = sum(s.padded for s in sessions)
+    assert len(ids) == len(prompt_ids) + len(out)
     return GenResult(out, stats)
 
 
@@ -308,12 +248,10 @@ def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeCon
             f"the prompt ({len(ids)} tokens) plus --max-new-tokens {config.max_new_tokens} exceeds the "
             f"models' context of {pair.context_length} tokens: shorten the prompt or lower --max-new-tokens"
         )
-    if spec.name == "target":
-        return target_generate(pair.target, ids, config, pair.eos_token_ids)
-    if spec.name == "oracle":
-        if config.temperature > 0:
-            raise DiscoError("the oracle policy is defined for greedy decoding only: use --temperature 0")
-        if target_tokens is None:
-            target_tokens = target_generate(pair.target, ids, config, pair.eos_token_ids).tokens
+    kind = spec.kind
+    if kind.greedy_only and config.temperature > 0:
+        raise DiscoError(f"the {spec.name} policy is defined for greedy decoding only: use --temperature 0")
+    if kind.needs_target_tokens and target_tokens is None:
+        target_tokens = target_generate(pair.target, ids, config, pair.eos_token_ids).tokens
     policy = spec.build(target_tokens, pair, config.max_window, (config.temperature, config.top_p))
     return speculative_generate(pair.target, pair.draft, ids, policy, config, pair.eos_token_ids)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from disco.compare import default_entries, format_table, run_compare, tuned_from_artifact, tuned_server
 from disco.decode import DecodeConfig
-from disco.engines.base import DEFAULT_ENGINE
+from disco.defaults import DEFAULT_ENGINE, DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK, FULL_TRAIN_PER_TASK
 from disco.errors import DiscoError
 from disco.pair import load_pair
+from disco.options import PairOptions
 from disco.prompts import DATA_DIR, load_prompts
 
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -21,15 +22,12 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 SHIPPED_CLASSIFIERS = {"llama.cpp": REPO_DIR / "models" / "embedded-qwen2.5-coder-llamacpp",
                        "torch": REPO_DIR / "models" / "embedded-qwen2.5-coder"}
 TASKS = ("code", "explain", "write")
-DEMO_PER_TASK = 1  # test prompts per task in the default demo
-DEMO_MAX_NEW_TOKENS = 64
-FULL_TRAIN_PER_TASK = 20  # train prompts per task that --full traces
 
 
 def run_demo(out: Path, full: bool = False, per_task: int = DEMO_PER_TASK,
              max_new_tokens: int = DEMO_MAX_NEW_TOKENS, train_per_task: int = FULL_TRAIN_PER_TASK,
              engine: str = DEFAULT_ENGINE, cpu_backend: str | None = None) -> dict:
-    pair = load_pair(engine=engine, **({"cpu_backend": cpu_backend} if cpu_backend else {}))
+    pair = load_pair(PairOptions(engine=engine, **({"cpu_backend": cpu_backend} if cpu_backend else {})))
     config = DecodeConfig(max_new_tokens=max_new_tokens)
     if full:
         classifier = _collect_and_train(pair, out, train_per_task, config)

@@ -8,25 +8,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from disco.cpu import DEFAULT_CPU_BACKEND, apply_cpu_backend, check_cpu_backend, cpu_backend_of
-from disco.engines.base import DEFAULT_ENGINE, ENGINES, as_engine
-from disco.engines.llamacpp import DEFAULT_VERIFY
-from disco.engines.torch_engine import DEFAULT_CACHE, TorchEngine, check_cache
+from disco.cpu import apply_cpu_backend, check_cpu_backend, cpu_backend_of
+from disco.defaults import (DEFAULT_CACHE, DEFAULT_CPU_BACKEND, DEFAULT_DRAFT_QUANT, DEFAULT_ENGINE, DEFAULT_VERIFY,
+                            DEVICES, ENGINES)
+from disco.engines.base import as_engine
+from disco.engines.torch_engine import TorchEngine, check_cache
 from disco.errors import DiscoError
+from disco.options import PairOptions
 
-DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBEDDED_NAME = "embedded"  # what the CLI and manifests call the default pair
 # llama.cpp: the embedded draft runs re-quantized to Q4_0 (1.8x faster, same top-1 agreement;
 # engines/llamacpp.py DRAFT_QUANTS). The target is never re-quantized: it defines the output.
 EMBEDDED_DRAFT_QUANT = "q4_0"
-DEFAULT_DRAFT_QUANT = "auto"
 # T5's feed-forward reads its Linear layers' .weight (a dtype check), which the packed CPU backends
 # (oneDNN, int8) do not keep: encoder-decoders on the CPU use the transposed backend instead of
 # oneDNN (the same float32 math on the original weights; Pair.describe() records it).
@@ -251,25 +251,19 @@ def resolve_engine(engine: str, target: str | None, draft: str | None, device: s
     return "llama.cpp" if gguf and not cuda else "torch"
 
 
-def load_pair(
-    target: str | None = None,
-    draft: str | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    cpu_backend: str = DEFAULT_CPU_BACKEND,
-    engine: str = DEFAULT_ENGINE,
-    threads: int | None = None,
-    verify: str = DEFAULT_VERIFY,
-    draft_quant: str = DEFAULT_DRAFT_QUANT,
-    cache: str = DEFAULT_CACHE,
-    compile: bool | None = None,
-) -> Pair:
-    """Load a pair; with neither model given, the embedded Qwen2.5-Coder pair.
+def load_pair(options: PairOptions = PairOptions()) -> Pair:
+    """Load the pair `options` describe; with neither model given, the embedded Qwen2.5-Coder pair.
 
     engine: torch (transformers; on the CPU both models' Linear layers use `cpu_backend`,
     disco/cpu.py; `cache`: their KV caches, torch_engine.CACHES; `compile`: captured steps, on, off or
     None = auto, TorchEngine.set_compile), llama.cpp (GGUF files; `threads`,
-    `verify`, `draft_quant`: load_llamacpp_pair), or auto (resolve_engine)."""
+    `verify`, `draft_quant`: load_llamacpp_pair), or auto (resolve_engine). A pair file's target,
+    draft and dtype apply where the options leave them unset (apply_pair_file)."""
+    options, _ = apply_pair_file(options, None)
+    target, draft, device, dtype, cpu_backend, engine = (options.target, options.draft, options.device, options.dtype,
+                                                         options.cpu_backend, options.engine)
+    threads, verify, draft_quant, cache, compile = (options.threads, options.verify, options.draft_quant,
+                                                    options.cache, options.compile)
     if (target is None) != (draft is None):
         raise DiscoError("give both --target and --draft, or neither (the embedded default pair)")
     check_cache(cache)
@@ -425,12 +419,12 @@ def load_pair_config(path: str | Path) -> dict:
     return data
 
 
-def pair_args(pair_file: str | Path | None, target: str | None, draft: str | None, dtype: str,
-              chat: bool | None) -> tuple[str | None, str | None, str, bool | None]:
-    """(target, draft, dtype, chat) for the CLI: those of the pair file `--pair`, except the ones
-    given explicitly (a dtype other than "auto", a chat choice other than None)."""
-    if pair_file is None:
-        return target, draft, dtype, chat
-    cfg = load_pair_config(pair_file)
-    return (target or cfg["target"], draft or cfg["draft"], cfg["dtype"] if dtype == "auto" else dtype,
-            cfg["chat"] if chat is None else chat)
+def apply_pair_file(options: PairOptions, chat: bool | None) -> tuple[PairOptions, bool | None]:
+    """(options, chat) with the pair file `options.pair_file` applied: its target, draft, dtype and chat,
+    except those given explicitly (a dtype other than "auto", a chat choice other than None)."""
+    if options.pair_file is None:
+        return options, chat
+    cfg = load_pair_config(options.pair_file)
+    resolved = replace(options, target=options.target or cfg["target"], draft=options.draft or cfg["draft"],
+                       dtype=cfg["dtype"] if options.dtype == "auto" else options.dtype, pair_file=None)
+    return resolved, cfg["chat"] if chat is None else chat

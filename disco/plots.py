@@ -9,10 +9,11 @@ import matplotlib
 matplotlib.use("Agg")  # files only: CI and servers have no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from disco.compare import HF_LABEL, TARGET_LABEL  # noqa: E402
 
 
 def write_plots(result: dict, out_dir: Path) -> list[Path]:
+    """The plots of a compare result (compare.run_compare: its "reference" row is target-only decoding,
+    its "anchors" the engines' own decoding, whose windows are not known)."""
     paths = [_windows_vs_oracle(result, out_dir / "windows_vs_oracle.png"),
              _window_histograms(result, out_dir / "window_histograms.png"),
              _speedup_bars(result, out_dir / "speedup.png")]
@@ -20,8 +21,8 @@ def write_plots(result: dict, out_dir: Path) -> list[Path]:
 
 
 def _policies_with_windows(result: dict) -> list[str]:
-    anchors = set(result.get("anchors", [HF_LABEL]))  # the engines' own decoding: no windows known
-    return [label for label in result["summary"] if label != TARGET_LABEL and label not in anchors]
+    hidden = {result["reference"], *result["anchors"]}  # target-only and the engines' own decoding: no windows
+    return [label for label in result["summary"] if label not in hidden]
 
 
 def _windows_vs_oracle(result: dict, path: Path) -> Path | None:
@@ -74,7 +75,7 @@ def _speedup_bars(result: dict, path: Path) -> Path:
     hi = [s[label]["speedup_max"] - s[label]["speedup"] for label in labels]
     fig, ax = plt.subplots(figsize=(1.1 * len(labels) + 2, 3.6))
     ax.bar(range(len(labels)), pooled, yerr=[[max(0, x) for x in lo], [max(0, x) for x in hi]], capsize=4,
-           color=["0.6" if label == TARGET_LABEL else "tab:blue" for label in labels])
+           color=["0.6" if label == result["reference"] else "tab:blue" for label in labels])
     for i, label in enumerate(labels):  # each prompt as a dot: the spread behind the bar
         ys = [p["runs"][label]["speedup"] for p in result["prompts"]]
         ax.scatter([i] * len(ys), ys, s=8, color="k", zorder=3)

@@ -1,10 +1,12 @@
 """Stopping policies: after each draft token, keep drafting or hand over to the target?
 
-Every policy implements the same calls (DESIGN.md §5; `PolicyBase` gives the defaults):
+Every policy implements the same calls (docs/architecture.md, "Policies"; `PolicyBase` gives the defaults):
 
     drafts() -> bool              before a round: draft at all? (False: a target-only step)
     start()                       a new draft window begins
     should_stop(step) -> bool     called after each draft token (the token is verified either way)
+    decide(step)                  should_stop as a generator, what a round calls: a learned policy
+                                  yields its model's input and is sent P(accept) (p_accept live)
     update(n_drafted, n_accepted, signals)
                                   called after the target verified the window; `signals()` gives
                                   what the target said at the token it chose (features.TargetSignals),
@@ -20,20 +22,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Generator, Protocol, Sequence
 
 import torch
 
+from disco.defaults import (ADAEDL_ALPHA, ADAEDL_BETA1, ADAEDL_BETA2, ADAEDL_EPS, ADAEDL_GAMMA, ADAEDL_LAMBDA,
+                            DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_C, SVIP_H)
 from disco.errors import DiscoError
-from disco.features import TargetSignals, entropy
+from disco.features import TargetSignals, entropy, token_features
 
-# transformers >= 4.45: assistant_confidence_threshold = 0.4, num_assistant_tokens = 20.
-DEFAULT_THRESHOLD = 0.4
-DEFAULT_MAX_WINDOW = 20
-# Leviathan et al.'s static length and transformers' heuristic schedule start at 5.
-DEFAULT_K = 5
-# "target" is plain target-only decoding (no draft): the baseline every speedup is measured against.
-POLICY_NAMES = ("target", "constant", "heuristic", "threshold", "adaedl", "svip", "oracle", "classifier")
 
 
 @dataclass
@@ -57,8 +54,21 @@ class DraftStep:
         """Entropy (nats) of the draft distribution the token was drawn from (a host sync)."""
         return float(entropy(self.probs))
 
+    def token_features(self, token_classes: torch.Tensor | None) -> torch.Tensor:
+        """features.TOKEN_FEATURES of this token (what a learned policy reads; the simulator's steps
+        carry them from the trace)."""
+        if token_classes is None:
+            raise DiscoError("the live classifier policy needs the pair's token classes: build it with "
+                             "ClassifierPolicy.for_pair(artifact, pair)")
+        return token_features(self.probs, self.token, self.gen_pos, self.context(), token_classes)
+
 
 Signals = Callable[[], TargetSignals]  # what the target said at the end of a window, computed on demand
+
+
+# should_stop as a generator (rounds.draft_window): a learned policy yields its model's input and is sent
+# P(accept) back; the others return at once without yielding.
+Decision = Generator[Any, float, bool]
 
 
 class StoppingPolicy(Protocol):
@@ -71,7 +81,22 @@ class StoppingPolicy(Protocol):
 
     def should_stop(self, step: DraftStep) -> bool: ...
 
+    def decide(self, step: DraftStep) -> Decision: ...
+
+    def p_accept(self, question: Any) -> float: ...
+
     def update(self, n_drafted: int, n_accepted: int, signals: Signals | None = None) -> None: ...
+
+
+def decide_now(decisions: Generator[Any, float, Any], policy: StoppingPolicy | None) -> Any:
+    """Run a decision (or a round's phase 1, rounds.draft_window) live: a learned policy's question is
+    answered at once by its own model (p_accept); returns what the generator returns."""
+    try:
+        question = next(decisions)
+        while True:
+            question = decisions.send(policy.p_accept(question))
+    except StopIteration as done:
+        return done.value
 
 
 class PolicyBase:
@@ -88,6 +113,14 @@ class PolicyBase:
 
     def should_stop(self, step: DraftStep) -> bool:
         raise NotImplementedError
+
+    def decide(self, step: DraftStep) -> Decision:
+        """The round's decision (rounds.draft_window): should_stop, asking no model."""
+        return self.should_stop(step)
+        yield  # a generator that never yields
+
+    def p_accept(self, question: Any) -> float:
+        raise NotImplementedError(f"the {self.name} policy asks no model")
 
     def update(self, n_drafted: int, n_accepted: int, signals: Signals | None = None) -> None:
         pass
@@ -174,12 +207,6 @@ def _roc_threshold(labels: Sequence[int], scores: Sequence[float]) -> float:
     return float(min(1.0, thresholds[int(costs.argmin())]))
 
 
-# AdaEDL's defaults (Agrawal et al. 2024, arXiv 2410.18351, Sec. 4.4; beta1, beta2, epsilon and alpha
-# come from Draft & Verify); the initial lambda is not stated: 0.9 is the best of its Fig. 6 sweep.
-ADAEDL_GAMMA, ADAEDL_LAMBDA, ADAEDL_BETA1, ADAEDL_BETA2, ADAEDL_EPS, ADAEDL_ALPHA = 0.2, 0.9, 0.5, 0.9, 0.01, 0.9
-# SVIP's released code (github.com/Geralt-Targaryen/SVIP, vanilla-sd/eval_specbench.py): c = 0.15, h = 0.3.
-SVIP_C, SVIP_H = 0.15, 0.3
-
 
 class AdaEDLPolicy(PolicyBase):
     """AdaEDL (Agrawal, Jeon, Lee 2024, arXiv 2410.18351, Sec. 3 and Algorithm 1): stop drafting when an
@@ -259,73 +286,3 @@ class OraclePolicy(PolicyBase):
         if step.gen_pos >= len(self.target_tokens) - 1:
             return True  # the target's output ends here (EOS or budget): nothing further can be accepted
         return int(step.token) != self.target_tokens[step.gen_pos]
-
-
-@dataclass
-class PolicySpec:
-    """A policy by name plus its knobs: what the CLI and `disco compare` pass around."""
-
-    name: str = "threshold"  # one of POLICY_NAMES
-    k: int = DEFAULT_K  # constant: window length; heuristic: starting window length
-    threshold: float = DEFAULT_THRESHOLD  # threshold: stop after a token with draft probability below this
-    adaptive: bool = False  # threshold: transformers' ROC update of the threshold after each window
-    lam: float = ADAEDL_LAMBDA  # adaedl: (initial) lower bound on acceptance below which drafting stops
-    lam_adaptive: bool = True  # adaedl: the paper's update of lambda after each round
-    h: float = SVIP_H  # svip: stop when sqrt(c * entropy) exceeds this
-    classifier: str | None = None  # classifier: path of the trained artifact
-    classifier_threshold: float | None = None  # classifier: override the artifact's tuned rule parameter
-    classifier_rule: str | None = None  # classifier: run this rule (token, cumulative, cost) instead of the chosen one
-    trust_pickle: bool = False  # classifier: allow a joblib (pickle) artifact, which can run code
-
-    def __post_init__(self) -> None:
-        if self.name not in POLICY_NAMES:
-            raise DiscoError(f"unknown policy {self.name!r}: choose one of {', '.join(POLICY_NAMES)}")
-
-    def build(self, target_tokens: Sequence[int] | None = None, pair=None, max_window: int = DEFAULT_MAX_WINDOW,
-              sampling: tuple[float, float] | None = None) -> StoppingPolicy:
-        """A fresh policy for one generation; the oracle needs `target_tokens`, the classifier `pair` (and
-        `sampling`, the (temperature, top-p) it runs at, to warn when it was tuned for another)."""
-        if self.name == "classifier":
-            if self.classifier is None:
-                raise DiscoError("the classifier policy needs a trained artifact: pass --classifier models/NAME")
-            if pair is None:
-                raise DiscoError("the classifier policy needs the pair it runs on")
-            from disco.classifier import ClassifierPolicy
-
-            return ClassifierPolicy.for_pair(self.classifier, pair, self.classifier_threshold, self.trust_pickle,
-                                             self.classifier_rule, sampling)
-        return make_policy(self.name, k=self.k, threshold=self.threshold, adaptive=self.adaptive,
-                           target_tokens=target_tokens, lam=self.lam, lam_adaptive=self.lam_adaptive, h=self.h,
-                           max_window=max_window)
-
-
-def make_policy(
-    name: str,
-    *,
-    k: int = DEFAULT_K,
-    threshold: float = DEFAULT_THRESHOLD,
-    adaptive: bool = False,
-    target_tokens: Sequence[int] | None = None,
-    lam: float = ADAEDL_LAMBDA,
-    lam_adaptive: bool = True,
-    h: float = SVIP_H,
-    max_window: int = DEFAULT_MAX_WINDOW,
-) -> StoppingPolicy:
-    """Build a policy by name (the CLI's --policy). The oracle needs the target's greedy tokens."""
-    if name == "constant":
-        return ConstantPolicy(k)
-    if name == "heuristic":
-        return HeuristicPolicy(k)
-    if name == "threshold":
-        return ThresholdPolicy(threshold, adaptive=adaptive)
-    if name == "adaedl":
-        return AdaEDLPolicy(lam, adaptive=lam_adaptive, max_window=max_window)
-    if name == "svip":
-        return SVIPPolicy(h)
-    if name == "oracle":
-        if target_tokens is None:
-            raise DiscoError("the oracle policy needs the target's greedy continuation (target_tokens)")
-        return OraclePolicy(target_tokens)
-    if name == "classifier":
-        raise DiscoError("the classifier policy needs a trained artifact: pass --classifier models/NAME")
-    raise DiscoError(f"unknown policy {name!r}: choose one of {', '.join(POLICY_NAMES)}")

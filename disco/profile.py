@@ -18,16 +18,13 @@ from pathlib import Path
 
 import torch
 
-from disco.decode import _sync
-from disco.engines.base import Session, as_engine
+
+from disco.engines.base import Session, as_engine, sync
 from disco.errors import DiscoError
 from disco.pair import EMBEDDED_NAME, Pair
-from disco.policy import DEFAULT_MAX_WINDOW
-from disco.simulate import CostModel
+from disco.defaults import DEFAULT_CONTEXT, DEFAULT_MAX_WINDOW, DEFAULT_REPEATS, DEFAULT_WARMUP
+from disco.cost import CostModel
 
-DEFAULT_CONTEXT = 100  # prompt tokens in the cache while timing
-DEFAULT_REPEATS = 20  # timed forwards per measurement (the median is kept)
-DEFAULT_WARMUP = 3  # untimed forwards before each measurement (kernels, allocator, caches)
 # The context: ordinary code, repeated until it has enough tokens.
 _CONTEXT_TEXT = (
     "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
@@ -54,10 +51,10 @@ def _median_time(session: Session, feed: torch.Tensor, keep_len: int, repeats: i
     """Median seconds of one forward of `feed` after `keep_len` cached tokens (cache restored each time)."""
     times = []
     for i in range(warmup + repeats):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         session.forward(feed, len(feed))
-        _sync(device)
+        sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
         session.truncate(keep_len)

@@ -1,13 +1,13 @@
-"""Replay a stopping policy over oracle traces, without running a model (DESIGN.md §4).
+"""Replay a stopping policy over oracle traces, without running a model (docs/architecture.md, "Simulator").
 
 A trace (disco/trace.py) holds, for every position j of the target's greedy continuation y,
 the draft's features there, teacher-forced on prompt + y[:j], and the label "the draft's
 token equals y_j". Under greedy decoding that is all the real loop (disco/decode.py) ever
-looks at while a window's drafts still agree with y, so `_replay` below mirrors the loop
-round by round:
+looks at while a window's drafts still agree with y, so `_replay` below runs the loop's own
+round (rounds.py) on the trace:
 
-    k_max = min(max_window, max_new_tokens - generated - 1)    (0: a target-only round)
-    draft until the policy stops or k_max is reached            (one draft forward per token)
+    k_max = rounds.window_limit(...)                            (0: a target-only round)
+    draft until the policy stops or k_max is reached            (rounds.draft_window)
     accepted = leading run of label == 1 among the drafted positions
     commit accepted + 1 tokens                                  (y's last position: EOS / budget)
 
@@ -54,23 +54,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from disco.classifier import ClassifierPolicy
-from disco.decode import GenStats
+from disco.cost import CostModel
+from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H
 from disco.errors import DiscoError
 from disco.features import TOKEN_FEATURES
-from disco.policy import (ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H, StoppingPolicy,
-                          make_policy)
+from disco.policies import BuildContext, PolicySpec
+from disco.policy import StoppingPolicy
+from disco.rounds import Decisions, draft_window, end_round, leading_run, window_limit
+from disco.stats import GenStats
 from disco.trace import HIDDEN_COLUMN, MANIFEST, signals_at
 
 if TYPE_CHECKING:
     import pandas as pd
-
-# Default cost model, used when no `disco profile` measurement is given: a draft forward
-# costs 0.35 target forwards (a 3x smaller draft, partly overhead-bound), and verifying k
-# tokens costs 2% more per extra token than verifying one (GPU decoding is memory-bound:
-# extra tokens ride along with the weights already being read).
-DEFAULT_DRAFT_COST = 0.35
-DEFAULT_VERIFY_SLOPE = 0.02
 
 # Columns the simulator reads (the trainer needs more: FEATURES and oracle_drafted).
 SIM_COLUMNS = ("prompt_id", "gen_pos", "label", "draft_token", "target_token", *TOKEN_FEATURES)
@@ -86,66 +81,6 @@ def signal_columns(df: pd.DataFrame) -> list[str] | None:
     """The columns that hold SIGNAL_COLUMNS in these traces (None: they have no target-side signals)."""
     cols = [c if c in df.columns or c != "target_prob_target" else "target_top1" for c in SIGNAL_COLUMNS]
     return cols if all(c in df.columns for c in cols) else None
-
-
-# --- cost model --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """time = sum over rounds of c_t(k_i) + draft forwards * c_d, where k_i = drafted + 1 is
-    the number of tokens the target processes in round i. Units cancel in a speedup, so
-    seconds (a profile) and ratios to c_t(1) (the default) are both fine."""
-
-    c_d: float  # one draft forward (one token)
-    c_t: tuple[float, ...]  # c_t[k - 1]: one target forward over k tokens, k = 1 .. len(c_t)
-    source: str = "default"  # where the numbers come from: "default" or the profile's path
-
-    def __post_init__(self) -> None:
-        if self.c_d < 0 or not self.c_t or min(self.c_t) <= 0:
-            raise DiscoError(f"invalid cost model ({self.source}): need c_d >= 0 and every c_t(k) > 0")
-
-    @classmethod
-    def default(cls, max_window: int = DEFAULT_MAX_WINDOW) -> CostModel:
-        c_t = tuple(1.0 + DEFAULT_VERIFY_SLOPE * (k - 1) for k in range(1, max_window + 2))
-        return cls(DEFAULT_DRAFT_COST, c_t, "default")
-
-    @classmethod
-    def load(cls, path: str | Path) -> CostModel:
-        """Read the JSON written by `disco profile`."""
-        path = Path(path)
-        try:
-            return cls.from_dict(json.loads(path.read_text()), str(path))
-        except FileNotFoundError:
-            raise DiscoError(f"profile not found: {path} (make one with: disco profile)") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise DiscoError(f"{path} is not a disco profile (need numbers c_d and a list c_t): {e}") from None
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str) -> CostModel:
-        """From the {c_d, c_t} of a profile file or an artifact's manifest, named `source`."""
-        return cls(float(data["c_d"]), tuple(float(x) for x in data["c_t"]), source)
-
-    def to_dict(self) -> dict:
-        return {"c_d": self.c_d, "c_t": list(self.c_t), "source": self.source}
-
-    def verify(self, k: int) -> float:
-        if k > len(self.c_t):
-            raise DiscoError(
-                f"the cost model ({self.source}) covers target forwards of up to {len(self.c_t)} tokens, "
-                f"but a window of {k - 1} drafts needs c_t({k}): rerun disco profile with --max-window {k - 1}"
-            )
-        return self.c_t[k - 1]
-
-    def time(self, stats: GenStats) -> float:
-        """Cost-model time of one generation (prefill excluded)."""
-        target_only_rounds = stats.target_forwards - len(stats.windows)
-        return (sum(self.verify(w + 1) for w in stats.windows) + target_only_rounds * self.c_t[0]
-                + stats.draft_forwards * self.c_d)
-
-    def baseline(self, stats: GenStats) -> float:
-        """Target-only decoding of the same tokens: one c_t(1) per generated token."""
-        return stats.new_tokens * self.c_t[0]
 
 
 # --- traces ----------------------------------------------------------------------------------
@@ -292,17 +227,22 @@ def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None, with_hidd
 
 @dataclass
 class TraceStep:
-    """The part of a policy.DraftStep that the trace can supply: what constant, heuristic,
-    threshold and oracle read. A policy reading more (logits, context) fails loudly here."""
+    """The part of a policy.DraftStep that the trace can supply: what constant, heuristic, threshold,
+    AdaEDL, SVIP, oracle and the classifier read. A policy reading more (logits, context) fails loudly here."""
 
     token: int  # the draft's token (teacher-forced)
     window_pos: int  # 1-based index in the simulated window
     gen_pos: int  # index in the continuation
     probs: dict[int, float]  # {token: p_chosen}: the only entry of the draft distribution a threshold reads
     entropy_nats: float  # the draft distribution's entropy (what AdaEDL and SVIP read)
+    feats: torch.Tensor  # (len(TOKEN_FEATURES),) the token's features as the trace holds them (the classifier)
+    hidden: torch.Tensor | None = None  # the draft's (stored, projected) hidden state, if the trace has it
 
     def entropy(self) -> float:
         return self.entropy_nats
+
+    def token_features(self, token_classes: torch.Tensor | None = None) -> torch.Tensor:
+        return self.feats
 
 
 PolicyFactory = Callable[[PromptTrace], StoppingPolicy]  # a fresh policy per prompt, as generate() builds
@@ -312,14 +252,13 @@ def replay_policy(name: str, *, k: int = DEFAULT_K, threshold: float = DEFAULT_T
                   adaptive: bool = False, model=None, rule: str = "token", cost: CostModel | None = None,
                   lam: float = ADAEDL_LAMBDA, lam_adaptive: bool = True, h: float = SVIP_H,
                   max_window: int = DEFAULT_MAX_WINDOW) -> PolicyFactory:
-    """A factory of the real policy `name` for each prompt (the oracle gets the trace's y).
+    """A factory of the real policy `name` (policies.POLICIES) for each prompt (the oracle gets the trace's y).
     classifier: `model` is a Predictor (artifact.py), `threshold` its rule's parameter."""
-    if name == "classifier":
-        if model is None:
-            raise DiscoError("simulating the classifier policy needs a trained model")
-        return lambda tr: ClassifierPolicy(model, threshold, rule=rule, cost=cost)
-    return lambda tr: make_policy(name, k=k, threshold=threshold, adaptive=adaptive, target_tokens=tr.target_tokens,
-                                  lam=lam, lam_adaptive=lam_adaptive, h=h, max_window=max_window)
+    if name == "classifier" and model is None:
+        raise DiscoError("simulating the classifier policy needs a trained model")
+    spec = PolicySpec(name, k=k, threshold=threshold, adaptive=adaptive, lam=lam, lam_adaptive=lam_adaptive, h=h,
+                      classifier_threshold=threshold, classifier_rule=rule)
+    return lambda tr: spec.kind.build(spec, BuildContext(tr.target_tokens, None, max_window, None, model, cost))
 
 
 # A replay yields a classifier's full feature vector whenever it needs P(accept), and gets the
@@ -328,46 +267,52 @@ def replay_policy(name: str, *, k: int = DEFAULT_K, threshold: float = DEFAULT_T
 Replay = Generator[torch.Tensor, float, tuple[GenStats, int]]
 
 
+class _TraceDrafter:
+    """The trace's side of a replayed round: the steps a policy decides on, teacher-forced rows of y."""
+
+    def __init__(self, tr: PromptTrace) -> None:
+        self.tr = tr
+        self.p_chosen = tr.token_feats[:, _P_CHOSEN].tolist()
+        self.entropy = tr.token_feats[:, _ENTROPY].tolist()
+        self.approx = 0  # drafts simulated from teacher-forced rows after a mismatch (approximation 1)
+        self.begin(0)
+
+    def begin(self, out: int) -> None:
+        self.out, self.mismatch = out, False
+
+    def propose(self, pos: int) -> TraceStep | None:
+        tr, j = self.tr, self.out + pos - 1
+        if j >= len(tr):  # past y's EOS: no rows (approximation 2)
+            return None
+        self.approx += self.mismatch
+        self.mismatch = self.mismatch or not tr.labels[j]
+        token = tr.draft_tokens[j]
+        return TraceStep(token, pos, j, {token: self.p_chosen[j]}, self.entropy[j], tr.token_feats[j],
+                         tr.hidden[j] if tr.hidden is not None else None)
+
+
 def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
-    """One prompt under one policy: returns (stats as the real loop counts them, approx_drafts)."""
-    stats, approx, out, L = GenStats(), 0, 0, len(tr)
+    """One prompt under one policy, round by round as the live loop runs it (rounds.py): returns (stats as
+    the real loop counts them, approx_drafts)."""
+    stats, out, L, drafter = GenStats(), 0, len(tr), _TraceDrafter(tr)
     tokens: float = 0  # committed tokens as counted: out, or their expectation (PromptTrace.accept_probs)
     while out < L:
         # 1. Draft: up to k_max tokens, the policy deciding after each one.
-        k_max = min(max_window, tr.max_new_tokens - out - 1)  # verification adds one token
-        k, mismatch = 0, False
-        if k_max > 0 and policy.drafts():
-            policy.start()
-            for pos in range(1, k_max + 1):
-                j = out + pos - 1
-                if j >= L:  # past y's EOS: no rows (approximation 2)
-                    break
-                stats.draft_forwards += 1
-                approx += mismatch  # teacher-forced row after a mismatch (approximation 1)
-                mismatch = mismatch or not tr.labels[j]
-                k = pos
-                if isinstance(policy, ClassifierPolicy):
-                    hidden = tr.hidden[j] if tr.hidden is not None else None
-                    stop = policy.stops((yield policy.features(tr.token_feats[j], pos, hidden)))
-                else:
-                    p, ent = float(tr.token_feats[j, _P_CHOSEN]), float(tr.token_feats[j, _ENTROPY])
-                    stop = policy.should_stop(TraceStep(tr.draft_tokens[j], pos, j, {tr.draft_tokens[j]: p}, ent))
-                if stop or pos == k_max:
-                    break
+        drafter.begin(out)
+        decisions: Decisions = draft_window(policy, window_limit(max_window, tr.max_new_tokens, out), drafter.propose,
+                                            stats)
+        k = yield from decisions
         # 2-3. Verify and accept: the leading agreeing run, then the target's own token.
-        n = int(np.cumprod(tr.labels[out : out + k]).sum())
+        n = leading_run(tr.labels[out : out + k])
         counted = n if tr.accept_probs is None else float(np.cumprod(tr.accept_probs[out : out + k]).sum())
-        stats.target_forwards += 1
         # 4. Commit n + 1 tokens; y's last position is EOS or the budget's end.
         tokens += min(counted + 1, L - out)
         out += min(n + 1, L - out)
-        # 5. Record.
-        if k > 0:
-            end = out - 1  # where the round's own target token landed
-            policy.update(k, n, lambda: tr.signals(end, n < k))
-            stats.record_window(k, counted)
+        # 5. Record: the target-side signals where the round's own target token landed.
+        end = out - 1
+        end_round(policy, stats, k, n, lambda: tr.signals(end, n < k), counted)
     stats.new_tokens = tokens
-    return stats, approx
+    return stats, drafter.approx
 
 
 def _drive(lanes: list[tuple[Replay, object]], progress: bool = False) -> list[tuple[GenStats, int]]:

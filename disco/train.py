@@ -38,19 +38,18 @@ import numpy as np
 from disco.artifact import Calibrated, Calibration, DenseModel, LightGBMModel, Model, save_artifact
 from disco.classifier import RULES
 from disco.engines.base import numeric_identity
+from disco.defaults import (DEFAULT_LABELS, DEFAULT_MODEL, DEFAULT_TRAIN_SEED, DEFAULT_VAL_FRACTION, LABELS,
+                            MODEL_KINDS)
 from disco.errors import DiscoError
 from disco.features import DISCO_FEATURES, FEATURES, TARGET_SIGNALS
 from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H
-from disco.simulate import (SIGNAL_COLUMNS, CostModel, PromptTrace, SimResult, check_columns, prompt_traces,
-                            read_traces, replay_policy, signal_columns, simulate_many)
+from disco.simulate import SIGNAL_COLUMNS, PromptTrace, SimResult, check_columns, prompt_traces, read_traces, replay_policy, signal_columns, simulate_many
+from disco.cost import CostModel
 from disco.trace import HIDDEN_COLUMN
 
 if TYPE_CHECKING:
     import pandas as pd
 
-MODEL_KINDS = ("lightgbm", "logistic", "mlp")
-DEFAULT_MODEL = "lightgbm"
-DEFAULT_VAL_FRACTION = 0.2
 # Candidate thresholds, for the classifier's P(accept) and for the draft probability tau alike:
 # steps of 0.05, finer at both ends (with most tokens accepted, a classifier's best threshold on
 # the embedded pair can lie above 0.95).
@@ -67,7 +66,6 @@ RULE_GRIDS: dict[str, tuple[float, ...]] = {
 ADAEDL_GRID = tuple(round(0.05 * i, 2) for i in range(4, 20))
 SVIP_GRID = tuple(round(0.05 * i, 2) for i in range(1, 17))
 TRAIN_COLUMNS = ("prompt_id", "oracle_drafted", "label", "accept_prob", *(f for f in FEATURES if f not in TARGET_SIGNALS))
-LABELS = ("auto", "sampled", "soft")
 ALL_TASKS = "all tasks"
 
 
@@ -79,13 +77,13 @@ class TrainConfig:
     profile: Path | None = None  # cost model JSON from `disco profile`; None: CostModel.default()
     max_window: int = DEFAULT_MAX_WINDOW  # max window of the simulated policies (as at decoding time)
     val_fraction: float = DEFAULT_VAL_FRACTION  # share of prompts held out for metrics and tuning
-    seed: int = 0  # split and model seed
+    seed: int = DEFAULT_TRAIN_SEED  # split and model seed
     balanced: bool = False  # reweight classes to equal total weight (see the module docstring)
     ablate: bool = False  # also train on feature subsets and report their tuned speedups
     cross_task: bool = False  # also train on each task alone and test on every task
     head: bool = True  # also fit an acceptance head on the draft's hidden state (traces that hold it)
     progress: bool = True  # progress bars on stderr
-    labels: str = "auto"  # fit on: "sampled" accept/reject, "soft" min(1, p/q) (sampled traces); auto: soft when sampled
+    labels: str = DEFAULT_LABELS  # fit on: "sampled" accept/reject, "soft" min(1, p/q) (sampled traces); auto: soft when sampled
 
 
 # --- data ------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_compare_of_anchors_only_plots_what_it_has(tmp_path):
 
 
 def test_cost_model_speedups_from_counts():
-    from disco.simulate import CostModel
+    from disco.cost import CostModel
 
     cost = CostModel(c_d=0.5, c_t=(1.0, 1.5, 2.0, 2.5))
     run = lambda n, t, d, w: {"new_tokens": n, "target_forwards": t, "draft_forwards": d, "windows": w}  # noqa: E731

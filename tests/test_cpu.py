@@ -22,6 +22,7 @@ from disco.cpu import (
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
 from disco.pair import load_pair
+from disco.options import PairOptions
 from disco.policy import ConstantPolicy, HeuristicPolicy, ThresholdPolicy
 from tiny import EOS, char_tokenizer, save_tiny, tiny_pair, tiny_qwen
 
@@ -159,16 +160,16 @@ def folders(tmp_path_factory):
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_load_pair_applies_and_records_the_backend(folders, backend):
     t, d = folders
-    pair = load_pair(str(t), str(d), device="cpu", cpu_backend=backend)
+    pair = load_pair(PairOptions(str(t), str(d), device="cpu", cpu_backend=backend))
     assert pair.describe()["cpu_backend"] == backend
     assert cpu_backend_of(pair.target) == cpu_backend_of(pair.draft) == backend
 
 
 def test_load_pair_default_backend_and_bad_name(folders):
     t, d = folders
-    assert load_pair(str(t), str(d), device="cpu").describe()["cpu_backend"] == DEFAULT_CPU_BACKEND
+    assert load_pair(PairOptions(str(t), str(d), device="cpu")).describe()["cpu_backend"] == DEFAULT_CPU_BACKEND
     with pytest.raises(DiscoError, match="unknown CPU backend"):
-        load_pair(str(t), str(d), device="cpu", cpu_backend="nope")
+        load_pair(PairOptions(str(t), str(d), device="cpu", cpu_backend="nope"))
 
 
 def test_cli_generate_cpu_backend(folders, tmp_path, capsys):

@@ -7,7 +7,8 @@ from scipy.stats import chisquare
 
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
-from disco.policy import ConstantPolicy, HeuristicPolicy, OraclePolicy, ThresholdPolicy, make_policy
+from disco.policy import ConstantPolicy, HeuristicPolicy, OraclePolicy, ThresholdPolicy
+from disco.policies import make_policy
 from tiny import DistStubLM, StubLM, tiny_pair
 
 V = 16

@@ -26,7 +26,8 @@ from disco.errors import DiscoError
 from disco.features import FEATURES, token_class_table
 from disco.hf import disco_generate
 from disco.pair import check_same_tokenizer, load_pair, load_pair_config, pair_from_models
-from disco.policy import PolicySpec, make_policy
+from disco.options import PairOptions
+from disco.policies import PolicySpec, make_policy
 from disco.prompts import Prompt
 from disco.train import TrainConfig, train
 from test_cli import cli
@@ -428,10 +429,10 @@ def test_different_tokenizers_are_refused(tmp_path):
     llama = save_tiny(tiny_model("llama", dtype=torch.float32), char_tokenizer(), tmp_path / "llama")
     qwen = save_tiny(tiny_model("qwen2", dtype=torch.float32), other_tokenizer(), tmp_path / "qwen")
     with pytest.raises(DiscoError, match="do not share a tokenizer.*assistant_tokenizer"):
-        load_pair(str(llama), str(qwen), "cpu")
+        load_pair(PairOptions(str(llama), str(qwen), device="cpu"))
     t5 = save_tiny(tiny_model("t5", dtype=torch.float32), char_tokenizer(), tmp_path / "t5")
     with pytest.raises(DiscoError, match="is an encoder-decoder but draft .* is decoder-only"):
-        load_pair(str(t5), str(llama), "cpu")
+        load_pair(PairOptions(str(t5), str(llama), device="cpu"))
 
 
 # --- pair files and --pair ------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from disco.decode import DecodeConfig, generate, speculative_generate, target_ge
 from disco.engines.llamacpp import LlamaCppEngine
 from disco.errors import DiscoError
 from disco.pair import load_pair, resolve_engine
-from disco.policy import PolicySpec
+from disco.options import PairOptions
+from disco.policies import PolicySpec
 from disco.prompts import Prompt
 from test_cli import cli
 from tiny import char_tokenizer, save_tiny, tiny_pair
@@ -43,7 +44,7 @@ def pair(files):
     t, d, *_, cache = files
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DISCO_CACHE", str(cache))  # the GGUF tokenizers are cached there (llama-server is not)
-        return load_pair(str(t), str(d), engine="llama.cpp", threads=1, verify="exact")
+        return load_pair(PairOptions(str(t), str(d), engine="llama.cpp", threads=1, verify="exact"))
 
 
 def _ids(pair, text: str) -> list[int]:
@@ -259,10 +260,10 @@ def test_a_missing_llamacpp_says_how_to_install_and_torch_still_works(files, mon
     monkeypatch.setenv("DISCO_CACHE", str(cache))
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now raises ImportError
     with pytest.raises(DiscoError, match=r"pip install llama-cpp-python==0\.3\.36"):
-        load_pair(str(t), str(d), engine="llama.cpp")
+        load_pair(PairOptions(str(t), str(d), engine="llama.cpp"))
     with pytest.raises(DiscoError, match="--engine torch"):
         LlamaCppEngine(t)
-    torch_pair = load_pair(str(folder), str(folder), device="cpu", engine="auto")
+    torch_pair = load_pair(PairOptions(str(folder), str(folder), device="cpu", engine="auto"))
     assert torch_pair.engine == "torch"
     assert target_generate(torch_pair.target, [5, 6, 7], DecodeConfig(max_new_tokens=3)).stats.new_tokens == 3
 

@@ -17,8 +17,10 @@ from disco.compare import default_entries, select_entries
 from disco.decode import DecodeConfig, speculative_generate
 from disco.errors import DiscoError
 from disco.features import FEATURES, TOKEN_FEATURES
-from disco.policy import AdaEDLPolicy, DraftStep, SVIPPolicy, make_policy
-from disco.simulate import CostModel, prompt_traces, replay_policy, simulate
+from disco.policy import AdaEDLPolicy, DraftStep, SVIPPolicy
+from disco.policies import make_policy
+from disco.simulate import prompt_traces, replay_policy, simulate
+from disco.cost import CostModel
 from test_cli import cli
 from test_collect import CONFIG, make_prompts, pair32  # noqa: F401 -- the fixture
 from test_simulate import (ProbModel, V, _stub_pair, collected_trace, counts, synthetic_trace)

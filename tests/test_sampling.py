@@ -20,7 +20,7 @@ from disco.decode import DecodeConfig, speculative_generate, target_generate, wa
 from disco.errors import DiscoError
 from disco.features import token_class_table
 from disco.pair import Pair
-from disco.policy import make_policy
+from disco.policies import make_policy
 from disco.simulate import prompt_traces, replay_policy, simulate
 from test_collect import make_prompts, pair32  # noqa: F401 -- the fixture
 from test_simulate import V, ProbModel, _stub_pair

@@ -17,8 +17,9 @@ from disco.errors import DiscoError
 from disco.trace import HIDDEN_COLUMN, signals_at
 from disco.features import FEATURES, TOKEN_CLASSES, TOKEN_FEATURES, WINDOW_FEATURES, WindowState
 from disco.pair import Pair
-from disco.policy import make_policy
-from disco.simulate import CostModel, prompt_traces, replay_policy, simulate, simulate_many
+from disco.policies import make_policy
+from disco.simulate import prompt_traces, replay_policy, simulate, simulate_many
+from disco.cost import CostModel
 from disco.trace import COLUMNS
 from tiny import DistStubLM, tiny_pair
 from transformers import DynamicCache

@@ -3,7 +3,7 @@
 import pytest
 
 from disco.decode import DecodeConfig, generate, target_generate
-from disco.policy import PolicySpec
+from disco.policies import PolicySpec
 
 pytestmark = pytest.mark.slow
 
@@ -13,8 +13,9 @@ PROMPTS = ["Write a Python function that returns the square of x.", "Say hello i
 @pytest.fixture(scope="module")
 def pair():
     from disco.pair import load_pair
+    from disco.options import PairOptions
 
-    return load_pair(engine="torch")
+    return load_pair(PairOptions(engine="torch"))
 
 
 def test_embedded_pair_is_lossless_for_every_policy(pair):
@@ -35,7 +36,7 @@ def test_embedded_pair_on_llamacpp_is_lossless_in_exact_verification():
     """The default engine for the embedded pair: llama.cpp, exact verification, draft in Q4_0."""
     from disco.pair import load_pair
 
-    pair = load_pair(engine="llama.cpp", verify="exact")
+    pair = load_pair(PairOptions(engine="llama.cpp", verify="exact"))
     info = pair.describe()["engine"]
     assert info["name"] == "llama.cpp" and info["exact_width"] >= 2 and "Q4_0" in info["draft_quantization"]
     config = DecodeConfig(max_new_tokens=48)

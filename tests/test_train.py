@@ -16,7 +16,8 @@ from disco.classifier import ClassifierPolicy
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
 from disco.features import FEATURES, TARGET_SIGNALS
-from disco.simulate import CostModel, replay_policy, simulate
+from disco.simulate import replay_policy, simulate
+from disco.cost import CostModel
 from disco.train import (RULE_GRIDS, THRESHOLD_GRID, TrainConfig, fit_model, load_trace_data, split_by_prompt, traces_for, train,
                          tune)
 from test_cli import cli

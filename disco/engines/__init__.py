@@ -7,6 +7,7 @@ Everything above this package (policies, features, the simulator, train, artifac
 engine-agnostic: it sees logits tensors and token ids only.
 """
 
-from disco.engines.base import ENGINES, Engine, Session, as_engine
+from disco.defaults import ENGINES
+from disco.engines.base import Engine, Session, as_engine
 
 __all__ = ["ENGINES", "Engine", "Session", "as_engine"]

@@ -21,8 +21,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-ENGINES = ("auto", "torch", "llama.cpp")
-DEFAULT_ENGINE = "auto"  # llama.cpp for GGUF files on the CPU, torch otherwise (pair.resolve_engine)
 
 
 @runtime_checkable
@@ -74,6 +72,12 @@ def numeric_identity(engine_info: dict | None) -> dict:
     """An engine's describe() without SPEED_ONLY fields: what must agree for two traces to mix or a
     collection to resume. Manifests written before engines were recorded came from torch."""
     return {k: v for k, v in (engine_info or {"name": "torch"}).items() if k not in SPEED_ONLY}
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously): before and after anything timed."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def as_engine(model) -> Engine:

@@ -37,10 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from disco.defaults import DEFAULT_VERIFY, VERIFY_MODES
 from disco.errors import DiscoError
 
-VERIFY_MODES = ("fast", "exact")
-DEFAULT_VERIFY = "exact"  # lossless by default; see the module docstring and bench/RESULTS.md "llama.cpp engine"
 EXACT_PROBE_WIDTHS = (4, 3, 2)  # batch widths the exact-width probe tries, widest first
 _PROBE_PREFIX, _PROBE_TOKENS = 16, 12  # the probe: 12 tokens after 16 cached ones
 DEFAULT_N_CTX = 4096  # KV cache positions per model (prompt + output); capped by the model's training context

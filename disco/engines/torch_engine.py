@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from disco.errors import DiscoError
-from disco.policy import DEFAULT_MAX_WINDOW
+from disco.defaults import CACHES, DEFAULT_CACHE, DEFAULT_MAX_WINDOW
 
 # --- model families: what differs between them lives here, not in the loop ------------------------
 #
@@ -86,8 +86,6 @@ def check_compatible(target: torch.nn.Module, draft: torch.nn.Module) -> None:
                          f"{d.decoder_start}): pick a draft of the target's family")
 
 
-CACHES = ("auto", "static", "dynamic")
-DEFAULT_CACHE = "auto"  # static for decoder-only models on CUDA, dynamic elsewhere (resolve_cache)
 
 
 def check_cache(cache: str, encoder_decoder: bool = False, name: str = "") -> None:

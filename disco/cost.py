@@ -1,0 +1,75 @@
+"""The cost model: what a decode costs in target and draft forwards (docs/architecture.md, "Cost model").
+
+    time = sum over rounds of c_t(k_i) + draft forwards * c_d,   k_i = tokens the target processes in round i
+
+c_d and c_t(k) come from `disco profile` (profile.py) on the user's hardware, or the defaults below.
+Below the policies: the cost rules (classifier.py) decide with it, the simulator and compare count with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from disco.defaults import DEFAULT_DRAFT_COST, DEFAULT_MAX_WINDOW, DEFAULT_VERIFY_SLOPE
+from disco.errors import DiscoError
+from disco.stats import GenStats
+
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """time = sum over rounds of c_t(k_i) + draft forwards * c_d, where k_i = drafted + 1 is
+    the number of tokens the target processes in round i. Units cancel in a speedup, so
+    seconds (a profile) and ratios to c_t(1) (the default) are both fine."""
+
+    c_d: float  # one draft forward (one token)
+    c_t: tuple[float, ...]  # c_t[k - 1]: one target forward over k tokens, k = 1 .. len(c_t)
+    source: str = "default"  # where the numbers come from: "default" or the profile's path
+
+    def __post_init__(self) -> None:
+        if self.c_d < 0 or not self.c_t or min(self.c_t) <= 0:
+            raise DiscoError(f"invalid cost model ({self.source}): need c_d >= 0 and every c_t(k) > 0")
+
+    @classmethod
+    def default(cls, max_window: int = DEFAULT_MAX_WINDOW) -> CostModel:
+        c_t = tuple(1.0 + DEFAULT_VERIFY_SLOPE * (k - 1) for k in range(1, max_window + 2))
+        return cls(DEFAULT_DRAFT_COST, c_t, "default")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        """Read the JSON written by `disco profile`."""
+        path = Path(path)
+        try:
+            return cls.from_dict(json.loads(path.read_text()), str(path))
+        except FileNotFoundError:
+            raise DiscoError(f"profile not found: {path} (make one with: disco profile)") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise DiscoError(f"{path} is not a disco profile (need numbers c_d and a list c_t): {e}") from None
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str) -> CostModel:
+        """From the {c_d, c_t} of a profile file or an artifact's manifest, named `source`."""
+        return cls(float(data["c_d"]), tuple(float(x) for x in data["c_t"]), source)
+
+    def to_dict(self) -> dict:
+        return {"c_d": self.c_d, "c_t": list(self.c_t), "source": self.source}
+
+    def verify(self, k: int) -> float:
+        if k > len(self.c_t):
+            raise DiscoError(
+                f"the cost model ({self.source}) covers target forwards of up to {len(self.c_t)} tokens, "
+                f"but a window of {k - 1} drafts needs c_t({k}): rerun disco profile with --max-window {k - 1}"
+            )
+        return self.c_t[k - 1]
+
+    def time(self, stats: GenStats) -> float:
+        """Cost-model time of one generation (prefill excluded)."""
+        target_only_rounds = stats.target_forwards - len(stats.windows)
+        return (sum(self.verify(w + 1) for w in stats.windows) + target_only_rounds * self.c_t[0]
+                + stats.draft_forwards * self.c_d)
+
+    def baseline(self, stats: GenStats) -> float:
+        """Target-only decoding of the same tokens: one c_t(1) per generated token."""
+        return stats.new_tokens * self.c_t[0]

@@ -1,0 +1,82 @@
+"""Every default a user can set, defined once (docs/architecture.md, "Defaults").
+
+The lowest layer: plain values, no imports, so `disco --help` reads them without loading torch. The
+stage that uses a default imports it from here; no other module writes the value again.
+"""
+
+# --- decoding (decode.DecodeConfig, every command that generates) -------------------------------
+DEFAULT_MAX_NEW_TOKENS = 128  # generated tokens at most (EOS stops earlier)
+# transformers >= 4.45: assistant_confidence_threshold = 0.4, num_assistant_tokens = 20.
+DEFAULT_MAX_WINDOW = 20  # draft tokens per round at most
+DEFAULT_TEMPERATURE = 0.0  # 0 = greedy: output identical to the target's greedy decoding
+DEFAULT_TOP_P = 1.0  # nucleus mass when sampling (1 = the whole distribution)
+DEFAULT_SEED = 0  # sampling seed
+
+# --- training-free policies (policy.py) ---------------------------------------------------------
+DEFAULT_THRESHOLD = 0.4  # threshold policy: transformers' assistant_confidence_threshold
+# Leviathan et al.'s static length and transformers' heuristic schedule start at 5.
+DEFAULT_K = 5
+# AdaEDL's defaults (Agrawal et al. 2024, arXiv 2410.18351, Sec. 4.4; beta1, beta2, epsilon and alpha
+# come from Draft & Verify); the initial lambda is not stated: 0.9 is the best of its Fig. 6 sweep.
+ADAEDL_GAMMA, ADAEDL_LAMBDA, ADAEDL_BETA1, ADAEDL_BETA2, ADAEDL_EPS, ADAEDL_ALPHA = 0.2, 0.9, 0.5, 0.9, 0.01, 0.9
+# SVIP's released code (github.com/Geralt-Targaryen/SVIP, vanilla-sd/eval_specbench.py): c = 0.15, h = 0.3.
+SVIP_C, SVIP_H = 0.15, 0.3
+# "target" is plain target-only decoding (no draft): the baseline every speedup is measured against.
+# The registry that builds each one is policies.POLICIES; this tuple is its key list, kept here for --help.
+POLICY_NAMES = ("target", "constant", "heuristic", "threshold", "adaedl", "svip", "oracle", "classifier")
+DEFAULT_POLICY = "threshold"
+
+# --- the learned policy (classifier.py, train.py) ------------------------------------------------
+RULES = ("token", "cumulative", "cost", "cost-adaptive")  # classifier.RULES: the decision rules on P(accept)
+DEFAULT_RULE = "token"
+MODEL_KINDS = ("lightgbm", "logistic", "mlp")
+DEFAULT_MODEL = "lightgbm"
+DEFAULT_VAL_FRACTION = 0.2  # share of prompts held out for metrics and tuning
+DEFAULT_TRAIN_SEED = 0  # split and model seed
+LABELS = ("auto", "sampled", "soft")  # what sampled traces are fitted on
+DEFAULT_LABELS = "auto"
+
+# --- cost model (cost.py) ----------------------------------------------------------------------
+# Used when no `disco profile` measurement is given: a draft forward costs 0.35 target forwards (a 3x
+# smaller draft, partly overhead-bound), and verifying k tokens costs 2% more per extra token than
+# verifying one (GPU decoding is memory-bound: extra tokens ride along with the weights already read).
+DEFAULT_DRAFT_COST = 0.35
+DEFAULT_VERIFY_SLOPE = 0.02
+
+# --- profile (profile.py) ----------------------------------------------------------------------
+DEFAULT_CONTEXT = 100  # prompt tokens in the cache while timing
+DEFAULT_REPEATS = 20  # timed forwards per measurement (the median is kept)
+DEFAULT_WARMUP = 3  # untimed forwards before each measurement (kernels, allocator, caches)
+
+# --- collect (collect.py) ----------------------------------------------------------------------
+DEFAULT_SHARD_PROMPTS = 64  # prompts per shard: bounds shard count on big runs ...
+DEFAULT_FLUSH_S = 120.0  # ... and this bounds the work a kill loses on slow ones
+
+# --- demo (demo.py) ----------------------------------------------------------------------------
+DEMO_PER_TASK = 1  # held-out test prompts per task in the default demo
+DEMO_MAX_NEW_TOKENS = 64
+FULL_TRAIN_PER_TASK = 20  # train prompts per task that `demo --full` traces
+
+# --- loading a pair (options.PairOptions; each engine reads the fields it owns) -----------------
+ENGINES = ("auto", "torch", "llama.cpp")  # engines.ENGINES: the registry's names, plus auto
+DEFAULT_ENGINE = "auto"  # llama.cpp for GGUF files on the CPU, torch otherwise (engines.resolve_engine)
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_DEVICE = "auto"  # cuda if available, else cpu
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_DTYPE = "auto"  # bfloat16 on cuda, float32 on cpu
+# torch engine: how the CPU computes Linear layers (cpu.py). The fastest backend that keeps float32
+# greedy output unchanged (bench/RESULTS.md, issue 3).
+CPU_BACKENDS = ("eager", "transposed", "onednn", "int8")
+DEFAULT_CPU_BACKEND = "onednn"
+CPU_BACKEND_HELP = {
+    "eager": "F.linear as loaded (PyTorch/MKL default; slow for 2-16 rows)",
+    "transposed": "float32, (W @ x^T)^T on the same weights (no copy)",
+    "onednn": "float32, weights prepacked for oneDNN: verifying k tokens costs ~one step",
+    "int8": "int8 weights + per-token int8 activations (fbgemm): ~4x fewer bytes; changes the target's numbers",
+}
+CACHES = ("auto", "static", "dynamic")  # torch engine: the models' KV caches
+DEFAULT_CACHE = "auto"  # static for decoder-only models on CUDA, dynamic elsewhere (torch_engine.resolve_cache)
+VERIFY_MODES = ("fast", "exact")  # llama.cpp engine
+DEFAULT_VERIFY = "exact"  # lossless by default (engines/llamacpp.py docstring, bench/RESULTS.md "llama.cpp engine")
+DRAFT_QUANT_CHOICES = ("auto", "none", "q4_0", "q8_0")  # llama.cpp engine: engines.llamacpp.DRAFT_QUANTS + auto, none
+DEFAULT_DRAFT_QUANT = "auto"  # q4_0 for the embedded pair, else the draft as it is
