@@ -12,7 +12,7 @@ $(BIN)/disco: pyproject.toml
 	# llama-cpp-python==0.3.36 builds llama.cpp from source inside that pip call (~5 min on 2 cores,
 	# then cached by pip); llama-server (llama.cpp's own speculative decoding, compare's anchor)
 	# is built from the same sources once (~7 min) into ~/.cache/disco/llama.cpp.
-	$(BIN)/python -m disco.llamacpp_server -q
+	$(BIN)/python -m disco.engines.llamacpp_build -q
 	touch $(BIN)/disco
 
 install: $(BIN)/disco
@@ -20,7 +20,13 @@ install: $(BIN)/disco
 demo: install
 	$(BIN)/disco demo
 
-test: install
+# The checks that keep the structure (docs/architecture.md): style, format, and the import layers.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+test: install lint
 	$(BIN)/python -m pytest -q
 
-.PHONY: install demo test
+.PHONY: install demo lint test

@@ -10,7 +10,8 @@ On llama.cpp, rows verified in fast mode ("(fast verify)") take the fast mode's 
 import json
 import sys
 
-from disco.compare import FAST_SUFFIX, cost_model_speedups, spread
+from disco.compare import cost_model_speedups, spread
+from disco.engines.llamacpp import FAST_SUFFIX
 from disco.cost import CostModel
 
 

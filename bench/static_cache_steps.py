@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from disco.engines.base import as_engine
+from disco.engines.registry import as_engine
 from disco.pair import load_pair
 from disco.options import PairOptions
 from disco.profile import _median_time, context_ids

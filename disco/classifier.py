@@ -9,7 +9,8 @@ both take the decision by one rule on one feature vector:
     p        = P(accept | features)                                  (calibrated when the artifact says so)
     stop     = RULES[rule](p, window so far)
 
-Rules (`rule`, with the tuned `threshold` as its parameter):
+Rules (`rule`, with its tuned `setting` as its parameter: a probability for token and cumulative, a
+rate for the cost rules):
   token       stop when p < t                                (DISCO)
   cumulative  stop when P(at least one rejection in the window) = 1 - prod(p_i) > h   (SpecDec++)
   cost        renewal-reward rule under the pair's cost model: with S = prod(p_i) the chance the
@@ -61,17 +62,17 @@ class Predictor(Protocol):
 class ClassifierPolicy(PolicyBase):
     name = "classifier"
 
-    def __init__(self, model: Predictor, threshold: float, token_classes: torch.Tensor | None = None,
+    def __init__(self, model: Predictor, setting: float, token_classes: torch.Tensor | None = None,
                  rule: str = DEFAULT_RULE, cost=None, project: torch.Tensor | None = None) -> None:
         if rule not in RULES:
             raise DiscoError(f"unknown classifier rule {rule!r}: choose one of {', '.join(RULES)}")
         costly = rule.startswith("cost")
-        if not costly and not 0.0 <= threshold <= 1.0:
-            raise DiscoError(f"the classifier threshold must be within [0, 1] (got {threshold})")
+        if not costly and not 0.0 <= setting <= 1.0:
+            raise DiscoError(f"the classifier threshold must be within [0, 1] (got {setting})")
         if costly and cost is None:
             raise DiscoError("the cost rule needs the pair's cost model (a disco profile)")
         self.model = model
-        self.threshold = threshold
+        self.setting = setting  # the rule's parameter: token/cumulative a probability, cost rules a rate
         self.rule = rule
         self.cost = cost  # simulate.CostModel, for the cost rule
         self.token_classes = token_classes  # (vocab,) class index per token, on the draft's device (live only)
@@ -86,10 +87,10 @@ class ClassifierPolicy(PolicyBase):
         self._predict: Callable[[torch.Tensor], torch.Tensor] | None = None  # built on the first live step
 
     @classmethod
-    def for_pair(cls, artifact, pair, threshold: float | None = None, trust_pickle: bool = False,
+    def for_pair(cls, artifact, pair, setting: float | None = None, trust_pickle: bool = False,
                  rule: str | None = None, sampling: tuple[float, float] | None = None):
         """The policy an artifact chose for `pair` (folder or loaded Artifact): this classifier under its
-        tuned rule, or the tuned threshold when `disco train` found that faster. `rule` / `threshold`:
+        tuned rule, or the tuned threshold when `disco train` found that faster. `rule` / `setting`:
         run the classifier under another rule (at its tuned setting) / another setting. The artifact
         must have been trained on this pair; the token class table is computed here (once: share it
         between prompts with `fresh()`). sampling: the (temperature, top-p) it will run at (a warning
@@ -100,21 +101,21 @@ class ClassifierPolicy(PolicyBase):
             artifact = load_artifact(Path(artifact), expect_pair=pair, trust_pickle=trust_pickle)
         if sampling is not None:
             artifact.check_sampling(*sampling)
-        if artifact.choice["policy"] == "threshold" and threshold is None and rule is None:
+        if artifact.choice["policy"] == "threshold" and setting is None and rule is None:
             from disco.policy import ThresholdPolicy
 
             return ThresholdPolicy(float(artifact.choice["setting"]))
         rule = rule or artifact.rule
-        if threshold is None:
-            threshold = artifact.threshold if rule == artifact.rule else artifact.rule_settings.get(rule)
-            if threshold is None:
+        if setting is None:
+            setting = artifact.threshold if rule == artifact.rule else artifact.rule_settings.get(rule)
+            if setting is None:
                 raise DiscoError(f"{artifact.path} has no tuned setting for the {rule} rule: give one "
                                  "(--classifier-threshold) or retrain it with this disco")
-        return cls(artifact, threshold, pair.token_classes(), rule, artifact.cost_model(), artifact.projection())
+        return cls(artifact, setting, pair.token_classes(), rule, artifact.cost_model(), artifact.projection())
 
     def fresh(self) -> ClassifierPolicy:
-        """A new policy (new window state) sharing the model, threshold, table and predictor."""
-        other = ClassifierPolicy(self.model, self.threshold, self.token_classes, self.rule, self.cost, self.project)
+        """A new policy (new window state) sharing the model, setting, table and predictor."""
+        other = ClassifierPolicy(self.model, self.setting, self.token_classes, self.rule, self.cost, self.project)
         other._predict = self._predict
         return other
 
@@ -138,13 +139,13 @@ class ClassifierPolicy(PolicyBase):
         self._pos += 1
         self._survive *= p_accept
         if self.rule == "token":
-            return p_accept < self.threshold
+            return p_accept < self.setting
         if self.rule == "cumulative":
-            return 1.0 - self._survive > self.threshold
+            return 1.0 - self._survive > self.setting
         return not self._pays(self._pos, self._survive, p_accept, self._rate())
 
     def _rate(self) -> float:
-        return self.threshold / self.cost.c_t[0]  # tokens per unit time to beat
+        return self.setting / self.cost.c_t[0]  # tokens per unit time to beat
 
     def _pays(self, i: int, survive: float, forecast: float, rho: float) -> bool:
         """Does some window longer than i tokens (the next tokens accepted at `forecast` each, the i so

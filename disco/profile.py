@@ -1,4 +1,4 @@
-"""`disco profile`: measure the cost model of a pair on this machine (DESIGN.md §4).
+"""`disco profile`: measure the cost model of a pair on this machine (docs/architecture.md, "Cost model").
 
     c_d     one draft forward of one token
     c_t(k)  one target forward over k tokens (a round that drafted k - 1 tokens), k = 1 .. max_window + 1
@@ -19,9 +19,11 @@ from pathlib import Path
 import torch
 
 
-from disco.engines.base import Session, as_engine, sync
+from disco.engines.base import Session, sync
+from disco.engines.registry import as_engine
 from disco.errors import DiscoError
-from disco.pair import EMBEDDED_NAME, Pair
+from disco.embedded import EMBEDDED_NAME
+from disco.pair import Pair
 from disco.defaults import DEFAULT_CONTEXT, DEFAULT_MAX_WINDOW, DEFAULT_REPEATS, DEFAULT_WARMUP
 from disco.cost import CostModel
 
@@ -115,15 +117,8 @@ def default_profile_path(pair: Pair) -> Path:
         name = EMBEDDED_NAME
     else:
         name = f"{Path(pair.target_name).name}__{Path(pair.draft_name).name}"
-    info = pair.describe()
-    engine = info["engine"]
-    if engine["name"] == "llama.cpp":  # threads and verification mode change the costs
-        hw = f"llama.cpp-{engine['threads']}t-{engine['verify']}"
-    else:
-        hw = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else f"cpu-{info['cpu_backend']}"
-        if engine.get("cache") == "static":  # (dynamic keeps the name profiles had before static caches)
-            hw += "-static"
-    key = f"{name}__{hw}__{info['dtype']}"
+    hw = pair.target_engine.hardware_key(pair.device)  # threads, verification, backend, cache: what the costs hang on
+    key = f"{name}__{hw}__{str(pair.dtype).removeprefix('torch.')}"
     return cache_root() / "profiles" / (re.sub(r"[^A-Za-z0-9._-]+", "-", key) + ".json")
 
 

@@ -38,7 +38,7 @@ import numpy as np
 from disco.artifact import Calibrated, Calibration, DenseModel, LightGBMModel, Model, save_artifact
 from disco.classifier import RULES
 from disco.engines.base import numeric_identity
-from disco.defaults import (DEFAULT_LABELS, DEFAULT_MODEL, DEFAULT_TRAIN_SEED, DEFAULT_VAL_FRACTION, LABELS,
+from disco.defaults import (DEFAULT_ABLATE, DEFAULT_BALANCED, DEFAULT_CROSS_TASK, DEFAULT_HEAD, DEFAULT_LABELS, DEFAULT_MODEL, DEFAULT_TRAIN_SEED, DEFAULT_VAL_FRACTION, LABELS,
                             MODEL_KINDS)
 from disco.errors import DiscoError
 from disco.features import DISCO_FEATURES, FEATURES, TARGET_SIGNALS
@@ -78,10 +78,10 @@ class TrainConfig:
     max_window: int = DEFAULT_MAX_WINDOW  # max window of the simulated policies (as at decoding time)
     val_fraction: float = DEFAULT_VAL_FRACTION  # share of prompts held out for metrics and tuning
     seed: int = DEFAULT_TRAIN_SEED  # split and model seed
-    balanced: bool = False  # reweight classes to equal total weight (see the module docstring)
-    ablate: bool = False  # also train on feature subsets and report their tuned speedups
-    cross_task: bool = False  # also train on each task alone and test on every task
-    head: bool = True  # also fit an acceptance head on the draft's hidden state (traces that hold it)
+    balanced: bool = DEFAULT_BALANCED  # reweight classes to equal total weight (see the module docstring)
+    ablate: bool = DEFAULT_ABLATE  # also train on feature subsets and report their tuned speedups
+    cross_task: bool = DEFAULT_CROSS_TASK  # also train on each task alone and test on every task
+    head: bool = DEFAULT_HEAD  # also fit an acceptance head on the draft's hidden state (traces that hold it)
     progress: bool = True  # progress bars on stderr
     labels: str = DEFAULT_LABELS  # fit on: "sampled" accept/reject, "soft" min(1, p/q) (sampled traces); auto: soft when sampled
 

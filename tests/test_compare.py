@@ -7,7 +7,8 @@ import torch
 
 import pytest
 
-from disco.compare import HF_LABEL, TARGET_LABEL, cost_model_speedups, default_entries, run_compare
+from disco.compare import TARGET_LABEL, cost_model_speedups, default_entries, run_compare
+from disco.engines.torch_engine import HF_LABEL
 from disco.decode import DecodeConfig, target_generate
 from disco.pair import pair_from_models
 from disco.prompts import Prompt
@@ -18,7 +19,7 @@ def test_compare_tiny(tmp_path):
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     pair = pair_from_models(target, draft, char_tokenizer())
     prompts = [Prompt(f"p{i}", "t", f"def f{i}(x): return") for i in range(3)]
-    entries = default_entries(tuned_k=3, tuned_threshold=0.2)
+    entries = default_entries(tuned_k=3, tuned_threshold=0.2, pair=pair)
     result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=16), tmp_path, progress=False)
     labels = [TARGET_LABEL] + [e.label for e in entries]
     assert list(result["summary"]) == labels
@@ -61,7 +62,7 @@ def test_compare_of_anchors_only_plots_what_it_has(tmp_path):
     """--policies naming only an engine's own decoding (no windows known): no window plots, no crash."""
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     pair = pair_from_models(target, draft, char_tokenizer())
-    entries = [e for e in default_entries() if e.label == HF_LABEL]
+    entries = [e for e in default_entries(pair=pair) if e.label == HF_LABEL]
     run_compare(pair, [Prompt("p0", "t", "def f(x): return")], entries, DecodeConfig(max_new_tokens=8), tmp_path,
                 progress=False)
     assert (tmp_path / "speedup.png").exists() and not (tmp_path / "window_histograms.png").exists()
@@ -72,7 +73,7 @@ def test_cost_model_speedups_from_counts():
 
     cost = CostModel(c_d=0.5, c_t=(1.0, 1.5, 2.0, 2.5))
     run = lambda n, t, d, w: {"new_tokens": n, "target_forwards": t, "draft_forwards": d, "windows": w}  # noqa: E731
-    result = {"summary": {TARGET_LABEL: {}, "p": {}, HF_LABEL: {}}, "prompts": [
+    result = {"summary": {TARGET_LABEL: {}, "p": {}, HF_LABEL: {}}, "anchors": [HF_LABEL], "prompts": [
         # 6 tokens: windows 3 (c_t(4) = 2.5) and 1 (c_t(2) = 1.5), one target-only round, 4 drafts
         {"runs": {TARGET_LABEL: run(6, 6, 0, []), "p": run(6, 3, 4, [3, 1]), HF_LABEL: run(6, 2, 5, [])}},
         # 2 tokens: one window of 1 -> c_t(2) + c_d = 2.0
@@ -116,7 +117,7 @@ def test_compare_sampled_runs_seeds_and_reports_log_probs(tmp_path):
     pair = pair_from_models(target, draft, char_tokenizer())
     prompts = [Prompt(f"p{i}", "t", f"def f{i}(x): return") for i in range(2)]
     config = DecodeConfig(max_new_tokens=12, temperature=0.8, top_p=0.9, seed=5)
-    entries = default_entries(tuned_threshold=0.2, sampling=True)
+    entries = default_entries(tuned_threshold=0.2, pair=pair, sampling=True)
     assert "oracle" not in [e.label for e in entries] and HF_LABEL in [e.label for e in entries]
     result = run_compare(pair, prompts, entries, config, tmp_path, progress=False, seeds=3)
     assert [(p["id"], p["seed"]) for p in result["prompts"]] == [(f"p{i}", s) for i in range(2) for s in (5, 6, 7)]

@@ -10,10 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.cpu import (
-    CPU_BACKEND_HELP,
-    CPU_BACKENDS,
-    DEFAULT_CPU_BACKEND,
     FLOAT32_EXACT,
     apply_cpu_backend,
     cpu_backend_of,

@@ -18,14 +18,16 @@ import transformers as tf
 
 from disco.collect import collect, teacher_forced_trace
 from disco.train import RULE_GRIDS
-from disco.compare import default_entries, hf_assisted_generate, run_compare
+from disco.compare import default_entries, run_compare
+from disco.engines.torch_engine import AssistedGeneration
 from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
-from disco.engines.base import teacher_forced
+from disco.engines.registry import teacher_forced
 from disco.engines.torch_engine import CapturedSteps, TorchEngine, model_kind, resolve_cache
 from disco.errors import DiscoError
 from disco.features import FEATURES, token_class_table
 from disco.hf import disco_generate
-from disco.pair import check_same_tokenizer, load_pair, load_pair_config, pair_from_models
+from disco.hub import check_same_tokenizer
+from disco.pair import load_pair, load_pair_config, pair_from_models
 from disco.options import PairOptions
 from disco.policies import PolicySpec, make_policy
 from disco.prompts import Prompt
@@ -393,7 +395,7 @@ def test_compare_transformers_row_equals_target(family):
     for i in range(2):
         ids = pair.encode(f"def f{i}(x): return")
         ref = target_generate(target, ids, DecodeConfig(max_new_tokens=12), pair.eos_token_ids)
-        assert hf_assisted_generate(pair, ids, DecodeConfig(max_new_tokens=12)).tokens == ref.tokens
+        assert AssistedGeneration(pair).generate(ids, DecodeConfig(max_new_tokens=12), pair.eos_token_ids).tokens == ref.tokens
 
 
 @pytest.mark.parametrize("family", ["opt", "t5"])
@@ -401,8 +403,8 @@ def test_compare_policies_lossless(family, tmp_path):
     target, draft = tiny_family_pair(family)
     pair = pair_from_models(target, draft, char_tokenizer(), family)
     prompts = [Prompt(f"p{i}", "t", f"def f{i}(x): return") for i in range(2)]
-    # transformers' own assisted generation is a separate row (compare.hf_assisted_generate)
-    entries = default_entries(tuned_k=3, include_anchor=False)
+    # transformers' own assisted generation is a separate row (torch_engine.AssistedGeneration)
+    entries = default_entries(tuned_k=3, pair=pair, include_anchor=False)
     result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=12), tmp_path, progress=False,
                          plots=False)
     assert all(s["lossless"] for s in result["summary"].values()), result["summary"]

@@ -42,7 +42,7 @@ class Recording(ClassifierPolicy):
 def test_live_decisions_match_offline_predictions(setup):
     pair, clf = setup
     base = ClassifierPolicy.for_pair(clf, pair, rule="token")  # P(accept) < t, whatever train chose
-    policy = Recording(base.model, base.threshold, base.token_classes)
+    policy = Recording(base.model, base.setting, base.token_classes)
     policy.seen = []
     for i in range(6):
         ids = pair.encode(f"x = {i} + y *")
@@ -51,7 +51,7 @@ def test_live_decisions_match_offline_predictions(setup):
                                    pair.eos_token_ids)
         assert res.tokens == ref.tokens
     X = np.stack([x for x, _ in policy.seen])
-    offline = base.model.predict_proba(X) < base.threshold
+    offline = base.model.predict_proba(X) < base.setting
     assert offline.tolist() == [stop for _, stop in policy.seen]
     assert 0 < sum(offline) < len(offline) or len(offline) > 0
 

@@ -10,11 +10,13 @@ import sys
 import pytest
 import torch
 
-from disco.compare import SERVER_LABEL, SERVER_TARGET_LABEL, default_entries, run_compare
+from disco.compare import default_entries, run_compare
+from disco.engines.llamacpp_server import SERVER_LABEL, SERVER_TARGET_LABEL
 from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
 from disco.engines.llamacpp import LlamaCppEngine
 from disco.errors import DiscoError
-from disco.pair import load_pair, resolve_engine
+from disco.pair import load_pair
+from disco.engines.registry import resolve_engine
 from disco.options import PairOptions
 from disco.policies import PolicySpec
 from disco.prompts import Prompt
@@ -202,8 +204,7 @@ def test_collect_train_generate_on_llamacpp(files, tmp_path, capsys, monkeypatch
 
 def test_compare_has_the_llamacpp_rows(pair, tmp_path):
     prompts = [Prompt(f"p{i}", "code", p) for i, p in enumerate(PROMPTS[:3])]
-    entries = default_entries(tuned_threshold=0.5, engine="llama.cpp", verify="exact",
-                              server_tuned={"n_max": 4, "p_min": 0.5})
+    entries = default_entries(tuned_threshold=0.5, pair=pair, anchor_settings={"server_tuned": {"n_max": 4, "p_min": 0.5}})
     labels = [e.label for e in entries]
     assert SERVER_TARGET_LABEL in labels and "threshold 0.50 (tuned) (fast verify)" in labels
     assert sum(label.startswith(SERVER_LABEL) for label in labels) == 2
@@ -264,7 +265,7 @@ def test_a_missing_llamacpp_says_how_to_install_and_torch_still_works(files, mon
     with pytest.raises(DiscoError, match="--engine torch"):
         LlamaCppEngine(t)
     torch_pair = load_pair(PairOptions(str(folder), str(folder), device="cpu", engine="auto"))
-    assert torch_pair.engine == "torch"
+    assert torch_pair.engine_name == "torch"
     assert target_generate(torch_pair.target, [5, 6, 7], DecodeConfig(max_new_tokens=3)).stats.new_tokens == 3
 
 
@@ -273,7 +274,7 @@ def test_hidden_states_match_the_torch_engine(files, pair):
     input SpecDec++-style policies read. The tiny GGUF holds the same weights as the torch model."""
     from transformers import AutoModelForCausalLM
 
-    from disco.engines.base import as_engine
+    from disco.engines.registry import as_engine
 
     t = files[0]
     model = AutoModelForCausalLM.from_pretrained(str(t.parent), gguf_file=t.name, dtype=torch.float32).eval()
@@ -329,13 +330,13 @@ def test_trace_hidden_states_and_signals_equal_the_live_loop_on_llamacpp(pair):
 
 def test_compare_sampled_on_llamacpp_with_server_rows(pair, tmp_path):
     """Sampling on llama.cpp: disco's rows and llama-server's, seeded, with target log-probs."""
-    from disco.llamacpp_server import GREEDY_FIELDS, sampler_fields
+    from disco.engines.llamacpp_server import GREEDY_FIELDS, sampler_fields
 
     fields = sampler_fields(0.7, 0.95, 3)
     assert fields["samplers"] == ["temperature", "top_p"] and fields["top_k"] == 0 and fields["seed"] == 3
     assert sampler_fields(0.0, 0.95, 3) == GREEDY_FIELDS
     prompts = [Prompt("p0", "code", PROMPTS[0])]
-    entries = [e for e in default_entries(tuned_threshold=0.5, engine="llama.cpp", verify="exact", sampling=True)
+    entries = [e for e in default_entries(tuned_threshold=0.5, pair=pair, sampling=True)
                if e.label in ("threshold 0.4", SERVER_TARGET_LABEL) or e.label.startswith(SERVER_LABEL + " (defaults")]
     assert len(entries) == 3
     config = DecodeConfig(max_new_tokens=12, temperature=0.7, top_p=0.95)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from disco.errors import DiscoError
-from disco.llamacpp_server import DRAFT_N_MAX, LlamaServer, server_binary
+from disco.engines.llamacpp_server import DRAFT_N_MAX, LlamaServer, server_binary
 from tiny import EOS, char_tokenizer, tiny_pair
 from tiny_gguf import write_tiny_gguf
 
@@ -104,5 +104,5 @@ def test_errors(binary, ggufs, tmp_path, monkeypatch):
         with pytest.raises(DiscoError, match="does not fit"):
             srv.complete([5] * 200, 100)
     monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(DiscoError, match="python -m disco.llamacpp_server"):
+    with pytest.raises(DiscoError, match="python -m disco.engines.llamacpp_build"):
         server_binary(build=False)

@@ -266,9 +266,9 @@ def test_damaged_shard_is_a_one_line_error_and_collect_redoes_it(pair32, tmp_pat
 
 # --- compare --policies -----------------------------------------------------------------------------
 
-def test_policies_selects_rows():
-    entries = default_entries("models/x", 3, 0.5, engine="torch", tuned={"adaedl_lambda": 0.6, "svip_h": 0.4,
-                                                                         "rules": {"token": 0.9, "cost": 1.2}})
+def test_policies_selects_rows(pair32):
+    entries = default_entries("models/x", 3, 0.5, pair=pair32, tuned={"adaedl_lambda": 0.6, "svip_h": 0.4,
+                                                                       "rules": {"token": 0.9, "cost": 1.2}})
     labels = [e.label for e in entries]
     for want in ("adaedl λ0=0.9", "adaedl λ0=0.6 (tuned)", "svip h=0.3", "svip h=0.4 (tuned)", "classifier",
                  "classifier token rule 0.9 (tuned)", "classifier cost rule 1.2 (tuned)", "transformers"):

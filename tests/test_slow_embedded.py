@@ -34,6 +34,7 @@ def test_embedded_pair_is_lossless_for_every_policy(pair):
 
 def test_embedded_pair_on_llamacpp_is_lossless_in_exact_verification():
     """The default engine for the embedded pair: llama.cpp, exact verification, draft in Q4_0."""
+    from disco.options import PairOptions
     from disco.pair import load_pair
 
     pair = load_pair(PairOptions(engine="llama.cpp", verify="exact"))

@@ -292,7 +292,7 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
     art = load_artifact(tmp_path / "clf", expect_pair=pair)
     chosen = ClassifierPolicy.for_pair(art, pair)  # what --policy classifier runs: what train chose
     if report.choice["policy"] == "classifier":
-        assert (chosen.rule, chosen.threshold) == (art.rule, report.threshold) == (report.choice["rule"],
+        assert (chosen.rule, chosen.setting) == (art.rule, report.threshold) == (report.choice["rule"],
                                                                                     report.choice["setting"])
     else:
         assert chosen.name == "threshold" and chosen.threshold == report.choice["setting"]

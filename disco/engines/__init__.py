@@ -1,13 +1,10 @@
-"""Engines: what runs a model for the loop, the collector and the profiler (DESIGN.md §5b).
+"""Engines: what runs a model for the loop, the collector and the profiler (docs/architecture.md, "Engines").
 
+    base       the interface (Engine, Session, Anchor, EngineKind, PairParts): below every engine
+    registry   name -> EngineKind; load_parts, resolve_engine, as_engine: the only module above the engines
     torch      transformers models (HF ids, folders, GGUF dequantised to float32); GPUs and CPUs
     llama.cpp  GGUF files run natively through llama-cpp-python; the default for GGUF on the CPU
 
-Everything above this package (policies, features, the simulator, train, artifacts) is
-engine-agnostic: it sees logits tensors and token ids only.
+Everything that drives a model goes through the interface (decode, collect, profile, compare); the
+policies, features, the simulator, train and artifacts see logits tensors and token ids only.
 """
-
-from disco.defaults import ENGINES
-from disco.engines.base import Engine, Session, as_engine
-
-__all__ = ["ENGINES", "Engine", "Session", "as_engine"]

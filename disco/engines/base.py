@@ -17,10 +17,14 @@ agree with one-token decoding, or say in `describe()` that it does not (llama.cp
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from disco.stats import GenResult
 
 
 @runtime_checkable
@@ -61,6 +65,64 @@ class Engine(Protocol):
 
     def warm_up(self, capacity: int) -> float: ...  # compile what a decode of `capacity` positions runs; seconds
 
+    # --- what differs between engines, owned by each (docs/architecture.md, "Engines") ---------------
+
+    def check_pairable(self, draft: Engine) -> None: ...  # refuse a draft the loop cannot run against this target
+
+    def pair_description(self, draft: Engine) -> dict: ...  # {"cpu_backend", "engine"} of Pair.describe()
+
+    def hardware_key(self, device: torch.device) -> str: ...  # what the costs depend on (profile file names)
+
+    def anchors(self, pair: Any, settings: dict) -> list[Anchor]: ...  # the engine's own speculative decoding
+
+    def variants(self) -> list[Variant]: ...  # other settings compare runs the main rows in (llama.cpp: fast)
+
+
+class Anchor(Protocol):
+    """A row of `disco compare` decoded by the engine's own speculative decoding, not disco's loop
+    (transformers' assisted generation, llama-server): its windows are not known."""
+
+    label: str  # the row name; its first word is the --policies name (EngineKind.anchor_names)
+    forwards_known: bool  # whether its GenStats count forward calls
+
+    def start(self, stack: contextlib.ExitStack, progress: bool) -> None: ...  # before any timing (servers)
+
+    def generate(self, prompt_ids: list[int], config: Any, eos_token_ids: frozenset[int]) -> GenResult: ...
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Another setting of an engine that compare also runs some rows in, as label + suffix."""
+
+    suffix: str  # appended to the row's label, e.g. " (fast verify)"
+    applied: Callable[[Any], contextlib.AbstractContextManager]  # pair -> a context running it in this setting
+
+
+@dataclass
+class PairParts:
+    """What an engine's pair loader returns (pair.Pair adds the methods): two models on one engine
+    sharing one tokenizer."""
+
+    target: Any  # a torch.nn.Module (torch engine) or an Engine object (e.g. llama.cpp)
+    draft: Any
+    tokenizer: Any  # the shared tokenizer (the target's)
+    target_name: str  # model id, folder or GGUF path as given ("embedded:…" for the default pair)
+    draft_name: str
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: frozenset[int]  # generation stops after any of these
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """One registry entry (engines/registry.py): how to load a pair on this engine and what it claims."""
+
+    load_pair: Callable[[Any], PairParts]  # options.PairOptions (pair file applied) -> the loaded pair
+    prepare_embedded: Callable[[bool], dict[str, Any]]  # install? -> {role: path} of the embedded pair's files
+    claims_auto: Callable[[str | None, str | None, bool], bool]  # --engine auto: (target, draft, cuda) -> run here?
+    check_device: Callable[[str], None]  # refuse a --device it cannot run on
+    anchor_names: tuple[str, ...] = ()  # --policies names of its anchors' rows
+
 
 # describe() fields that change how fast an engine runs, not the numbers it computes: llama.cpp's
 # thread count (each row is reduced by one thread) and its exact width (the model and the build fix it),
@@ -78,37 +140,3 @@ def sync(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA runs asynchronously): before and after anything timed."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def as_engine(model) -> Engine:
-    """`model` itself when it is an engine; a torch.nn.Module is wrapped in the torch engine."""
-    if isinstance(model, torch.nn.Module):
-        from disco.engines.torch_engine import TorchEngine
-
-        return TorchEngine.of(model)
-    if isinstance(model, Engine):
-        return model
-    raise TypeError(f"{type(model).__name__} is neither a torch model nor a disco engine")
-
-
-def check_compatible(target: Engine, draft: Engine) -> None:
-    """Refuse a pair the loop cannot run: both on one engine, and (torch) of compatible kinds."""
-    from disco.errors import DiscoError
-
-    if target.name != draft.name:
-        raise DiscoError(f"the target runs on {target.name} but the draft on {draft.name}: run both on one engine")
-    if target.name == "torch":
-        from disco.engines.torch_engine import check_compatible as torch_check
-
-        torch_check(target.model, draft.model)
-
-
-def teacher_forced(engine: Engine, ids: torch.Tensor, n_prompt: int,
-                   hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(len(ids) - n_prompt, vocab): the model's logits predicting each output token of ids = prompt +
-    output, from one forward without a cache (what the loop sees where every earlier token was accepted),
-    and with `hidden` the last layer's states at the same positions (else None)."""
-    engine = as_engine(engine)
-    session = engine.session(ids[:n_prompt], use_cache=False, hidden=hidden)
-    logits = session.forward(session.unseen(ids)[:-1], len(ids) - n_prompt)
-    return logits, session.hidden() if hidden else None

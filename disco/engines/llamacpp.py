@@ -4,7 +4,7 @@ One llama_model + one llama_context per model; a session is the context's KV cac
 decode (a new session clears it). forward() is one llama_decode over the new tokens with
 logits requested for the last `keep`; rollback is llama_memory_seq_rm past the kept length.
 
-Losslessness (DESIGN.md §5b). llama.cpp's CPU kernels depend on the batch width (weight
+Losslessness (docs/architecture.md, "Engines"). llama.cpp's CPU kernels depend on the batch width (weight
 repacking, micro-batches, llamafile's sgemm), so a target forward over k+1 tokens need not
 round like k+1 one-token steps, and a greedy argmax can flip. Two verification modes:
 
@@ -29,16 +29,22 @@ The mode is recorded in describe() (traces, profiles, artifacts, compare results
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from disco.defaults import DEFAULT_VERIFY, VERIFY_MODES
+from disco import embedded
+from disco.defaults import DEFAULT_CACHE, DEFAULT_VERIFY, DRAFT_QUANT_CHOICES, VERIFY_MODES
+from disco.engines.base import EngineKind, PairParts, Variant
 from disco.errors import DiscoError
+from disco.hub import check_same_tokenizer, gguf_tokenizer, load_tokenizer
+from disco.options import PairOptions
 
 EXACT_PROBE_WIDTHS = (4, 3, 2)  # batch widths the exact-width probe tries, widest first
 _PROBE_PREFIX, _PROBE_TOKENS = 16, 12  # the probe: 12 tokens after 16 cached ones
@@ -81,6 +87,10 @@ def is_gguf(path: str | Path) -> bool:
 # draft: 9.0 ms/token against 16.4 for its Q4_K_M file, top-1 agreement with the target unchanged
 # (bench/RESULTS.md "llama.cpp engine").
 DRAFT_QUANTS = {"q4_0": 2, "q8_0": 7}  # name -> llama_ftype (LLAMA_FTYPE_MOSTLY_*)
+assert set(DRAFT_QUANT_CHOICES) == {"auto", "none", *DRAFT_QUANTS}, "defaults.DRAFT_QUANT_CHOICES"
+# the embedded draft runs re-quantized to Q4_0 (1.8x faster, same top-1 agreement). The target is never
+# re-quantized: it defines the output.
+EMBEDDED_DRAFT_QUANT = "q4_0"
 
 
 def requantized(path: Path, quant: str, progress: bool = True) -> Path:
@@ -237,6 +247,25 @@ class LlamaCppEngine:
                 "quantization": self.description, "verify": self.verify, "repack": self.repack,
                 "n_ubatch": self.n_ubatch, **({"exact_width": self.exact_width} if self.verify == "exact" else {})}
 
+    def check_pairable(self, draft: LlamaCppEngine) -> None:
+        pass  # two GGUF files sharing a vocabulary (load_pair checks it): nothing else to line up
+
+    def pair_description(self, draft: LlamaCppEngine) -> dict:
+        # the draft's file may be re-quantized: its numbers are its own (describe() would probe its exact width)
+        return {"cpu_backend": None, "engine": {**self.describe(), "draft_quantization": draft.description}}
+
+    def hardware_key(self, device: torch.device) -> str:
+        return f"llama.cpp-{self.threads}t-{self.verify}"  # threads and verification mode change the costs
+
+    def anchors(self, pair, settings: dict) -> list:
+        from disco.engines.llamacpp_server import server_anchors
+
+        return server_anchors(self, pair.draft, settings.get("server_tuned"))
+
+    def variants(self) -> list[Variant]:
+        """In exact verification, compare also runs the tuned rules and the bound verifying in batches."""
+        return [Variant(FAST_SUFFIX, lambda pair: verify_mode(pair, "fast"))] if self.verify == "exact" else []
+
     @property
     def exact_width(self) -> int:
         """The widest llama_decode batch whose logits equal one-token steps bit for bit (module docstring)."""
@@ -374,3 +403,86 @@ class LlamaCppSession:
         if n_ids < self.length:
             self.engine._remove_from(n_ids)
             self.length = n_ids
+
+
+# --- loading a pair on this engine ------------------------------------------------------------------
+
+FAST_SUFFIX = " (fast verify)"  # compare's rows of a variant in fast verification
+
+
+def load_pair(options: PairOptions) -> PairParts:
+    """Two GGUF files on the llama.cpp engine; with neither given, the embedded pair's GGUFs.
+    Token ids come from the transformers tokenizer read from the GGUF (cached), as on torch.
+    draft_quant: run the draft re-quantized (DRAFT_QUANTS), "none" as it is, or "auto": the embedded
+    draft in EMBEDDED_DRAFT_QUANT, any other draft as it is."""
+    target, draft, draft_quant = options.target, options.draft, options.draft_quant
+    if options.cache != DEFAULT_CACHE or options.compile:
+        flag = f"--cache {options.cache}" if options.cache != DEFAULT_CACHE else "--compile"
+        raise DiscoError(f"{flag} is for the torch engine: llama.cpp keeps its own KV cache and kernels (drop "
+                         f"{flag.split()[0]}, or add --engine torch)")
+    if draft_quant not in DRAFT_QUANT_CHOICES:
+        raise DiscoError(f"unknown --draft-quant {draft_quant!r}: choose auto, none or {', '.join(DRAFT_QUANTS)}")
+    llama_cpp_module()  # a missing install fails here, before any file work
+    if target is None:
+        target_path, draft_path, tok_dir = embedded.prepare_gguf_pair()
+        names = embedded.pair_names()
+        target_tok = draft_tok = load_tokenizer(str(tok_dir))
+    else:
+        names = (target, draft)
+        target_path, draft_path = Path(target).expanduser(), Path(draft).expanduser()
+        for role, path in (("target", target_path), ("draft", draft_path)):
+            if not path.is_file():
+                raise DiscoError(f"--engine llama.cpp needs GGUF files: the {role} {path} is not a file")
+            if not is_gguf(path):
+                raise DiscoError(f"the {role} {path} is not a GGUF file (no GGUF header): the llama.cpp engine "
+                                 "runs GGUF models; use --engine torch for transformers models")
+        target_tok, draft_tok = gguf_tokenizer(target_path), gguf_tokenizer(draft_path)
+    check_same_tokenizer(target_tok, draft_tok, *names)
+    if draft_quant == "auto":
+        draft_quant = EMBEDDED_DRAFT_QUANT if target is None else "none"
+    if draft_quant != "none":
+        draft_path = requantized(draft_path, draft_quant)
+    t_engine = LlamaCppEngine(target_path, options.threads, options.verify)
+    d_engine = LlamaCppEngine(draft_path, options.threads, options.verify)
+    if t_engine.vocab_size != d_engine.vocab_size:
+        raise DiscoError(f"target {names[0]} has {t_engine.vocab_size} tokens but draft {names[1]} has "
+                         f"{d_engine.vocab_size}: pick a draft from the target's model family")
+    # What llama.cpp ends generation on (EOS, EOT, <|im_end|>, ...) plus the tokenizer's EOS:
+    # target-only decoding, every policy and llama-server then stop at the same tokens.
+    eos = t_engine.eog_ids() | ({target_tok.eos_token_id} if target_tok.eos_token_id is not None else set())
+    return PairParts(t_engine, d_engine, target_tok, names[0], names[1], t_engine.device, torch.float32,
+                     frozenset(eos))
+
+
+@contextlib.contextmanager
+def verify_mode(pair, verify: str) -> Iterator[None]:
+    """Run both engines of `pair` in another verification mode for the duration."""
+    engines = [pair.target, pair.draft]
+    saved = [e.verify for e in engines]
+    for e in engines:
+        e.verify = verify
+    try:
+        yield
+    finally:
+        for e, v in zip(engines, saved):
+            e.verify = v
+
+
+def _prepare_embedded(install: bool) -> dict:
+    target, draft, tokenizer = embedded.prepare_gguf_pair(install=install)
+    return {"target": target, "draft": draft, "tokenizer": tokenizer}
+
+
+def _claims_auto(target: str | None, draft: str | None, cuda: bool) -> bool:
+    """GGUF files (the embedded pair included) on the CPU."""
+    gguf = target is None or all(str(s).endswith(".gguf") for s in (target, draft) if s is not None)
+    return gguf and not cuda
+
+
+def _check_device(device: str) -> None:
+    if device == "cuda":
+        raise DiscoError("--engine llama.cpp runs on the CPU (llama-cpp-python is built for it here): "
+                         "use --engine torch for --device cuda")
+
+
+KIND = EngineKind(load_pair, _prepare_embedded, _claims_auto, _check_device, anchor_names=("llama-server",))

@@ -21,6 +21,8 @@ feeds (the prompt's prefill) run eagerly on the same cache.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
 import math
 import time
@@ -29,8 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
-from disco.errors import DiscoError
+from disco import embedded
+from disco.cpu import apply_cpu_backend, check_cpu_backend, cpu_backend_of
 from disco.defaults import CACHES, DEFAULT_CACHE, DEFAULT_MAX_WINDOW
+from disco.engines.base import EngineKind, PairParts, Variant, sync
+from disco.errors import DiscoError
+from disco.hub import check_same_tokenizer, eos_ids, load_config, load_model, load_tokenizer, resolve_device, resolve_dtype
+from disco.options import PairOptions
+from disco.stats import GenResult, GenStats
 
 # --- model families: what differs between them lives here, not in the loop ------------------------
 #
@@ -159,7 +167,7 @@ def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, hidden
         inputs["logits_to_keep"] = keep
     if kind.encoder_decoder:
         if "encoder_outputs" not in inputs:
-            raise DiscoError(f"{type(model).__name__} is an encoder-decoder: drive it through ModelState, "
+            raise DiscoError(f"{type(model).__name__} is an encoder-decoder: drive it through TorchSession, "
                              "which encodes the prompt once")
         inputs["decoder_input_ids"] = ids.unsqueeze(0)
     else:
@@ -171,7 +179,7 @@ def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, hidden
     return out.logits[0, -keep:]
 
 
-class ModelState:
+class TorchSession:
     """One model's side of a decode: its KV cache and, for an encoder-decoder, the encoded prompt.
 
     The model's own token sequence is `prefix + output`: the prompt for a decoder-only model,
@@ -305,13 +313,13 @@ class TorchEngine:
         return self
 
     def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False,
-                capacity: int | None = None) -> ModelState:
+                capacity: int | None = None) -> TorchSession:
         """capacity: prompt + output positions the decode can reach (a static cache is allocated for
         them; without it the cache is dynamic)."""
         cache = resolve_cache(self.model, self.cache) if capacity is not None and use_cache else "dynamic"
         if cache != "static" or self.steps is None:
-            return ModelState(self.model, prompt, use_cache, hidden, capacity, cache)
-        state = ModelState(self.model, prompt, use_cache, hidden, capacity, cache, self._reused_cache(capacity),
+            return TorchSession(self.model, prompt, use_cache, hidden, capacity, cache)
+        state = TorchSession(self.model, prompt, use_cache, hidden, capacity, cache, self._reused_cache(capacity),
                            self.steps)
         self._holder = weakref.ref(state)
         return state
@@ -369,3 +377,148 @@ class TorchEngine:
     def describe(self) -> dict:
         return {"name": self.name, "version": torch.__version__, "cache": resolve_cache(self.model, self.cache),
                 "captured_steps": list(self.steps.buckets) if self.steps is not None else None}
+
+    def check_pairable(self, draft: TorchEngine) -> None:
+        check_compatible(self.model, draft.model)
+
+    def pair_description(self, draft: TorchEngine) -> dict:
+        # how the CPU computes the Linear layers (disco/cpu.py); int8 changes the numbers
+        cpu = cpu_backend_of(self.model) if self.device.type == "cpu" else None
+        return {"cpu_backend": cpu, "engine": self.describe()}
+
+    def hardware_key(self, device: torch.device) -> str:
+        hw = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{cpu_backend_of(self.model)}"
+        if resolve_cache(self.model, self.cache) == "static":  # (dynamic keeps the name profiles had before)
+            hw += "-static"
+        return hw
+
+    def anchors(self, pair, settings: dict) -> list[AssistedGeneration]:
+        return [AssistedGeneration(pair)]
+
+    def variants(self) -> list[Variant]:
+        return []
+
+
+# --- loading a pair on this engine ------------------------------------------------------------------
+
+# T5's feed-forward reads its Linear layers' .weight (a dtype check), which the packed CPU backends
+# (oneDNN, int8) do not keep: encoder-decoders on the CPU use the transposed backend instead of
+# oneDNN (the same float32 math on the original weights; Pair.describe() records it).
+_PACKED_CPU_BACKENDS = ("onednn", "int8")
+ENCODER_DECODER_CPU_BACKEND = "transposed"
+
+
+def load_pair(options: PairOptions) -> PairParts:
+    """transformers models (ids, folders, GGUF files dequantised), or the embedded pair converted to
+    safetensors; on the CPU both models' Linear layers use `cpu_backend` (disco/cpu.py); `cache`: their
+    KV caches (CACHES); `compile`: captured steps, on, off or None = auto (TorchEngine.set_compile)."""
+    target, draft, cpu_backend, cache = options.target, options.draft, options.cpu_backend, options.cache
+    check_cache(cache)
+    check_cpu_backend(cpu_backend)
+    if target is None:
+        target_dir, draft_dir = embedded.prepare_pair()
+        target, draft = str(target_dir), str(draft_dir)
+        names = embedded.pair_names()
+    else:
+        names = (target, draft)
+    dev = resolve_device(options.device)
+    dt = resolve_dtype(options.dtype, dev)
+    target_tok = load_tokenizer(target)
+    check_same_tokenizer(target_tok, load_tokenizer(draft), *names)
+    configs = load_config(target), load_config(draft)
+    kinds = [bool(getattr(c, "is_encoder_decoder", False)) for c in configs]
+    if kinds[0] != kinds[1]:  # refuse before loading any weights
+        role = lambda enc: "an encoder-decoder" if enc else "decoder-only"  # noqa: E731
+        raise DiscoError(f"target {names[0]} is {role(kinds[0])} but draft {names[1]} is {role(kinds[1])}: "
+                         "pick a draft of the target's family")
+    check_cache(cache, kinds[0], names[0])  # before any weights load
+    if kinds[0] and dev.type == "cpu" and cpu_backend in _PACKED_CPU_BACKENDS:
+        if cpu_backend == "int8":
+            raise DiscoError("--cpu-backend int8 does not support encoder-decoder models (T5): use transposed or eager")
+        cpu_backend = ENCODER_DECODER_CPU_BACKEND
+    target_model = load_model(target, dev, dt, configs[0])
+    draft_model = load_model(draft, dev, dt, configs[1])
+    if dev.type == "cpu":
+        apply_cpu_backend(target_model, cpu_backend)
+        apply_cpu_backend(draft_model, cpu_backend)
+    for model in (target_model, draft_model):
+        TorchEngine.of(model).set_cache(cache).set_compile(options.compile)
+    return PairParts(target_model, draft_model, target_tok, names[0], names[1], dev, dt, eos_ids(target_model, target_tok))
+
+
+def _prepare_embedded(install: bool) -> dict:
+    target_dir, draft_dir = embedded.prepare_pair(install=install)
+    return {"target": target_dir, "draft": draft_dir}
+
+
+def _check_device(device: str) -> None:
+    pass  # CPUs and CUDA GPUs alike (pair loading resolves and checks the device)
+
+
+KIND = EngineKind(load_pair, _prepare_embedded, claims_auto=lambda target, draft, cuda: True,
+                  check_device=_check_device, anchor_names=("transformers",))
+
+
+# --- the anchor: transformers' own assisted generation ------------------------------------------------
+
+HF_LABEL = "transformers"  # transformers' own generate(assistant_model=draft) with its defaults
+
+
+class _CallCounter:
+    """Counts a module's forward calls (transformers' loop hides them from us)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.calls = 0
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, *_) -> None:
+        self.calls += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+class AssistedGeneration:
+    """transformers' target.generate(assistant_model=draft) with transformers' defaults (confidence
+    threshold 0.4, adaptive when scikit-learn is installed, up to 20 draft tokens): greedy, or sampling
+    from the distribution disco's loop samples (temperature, top-p, no top-k) seeded by config.seed."""
+
+    label = HF_LABEL
+    forwards_known = True  # counted by forward hooks
+
+    def __init__(self, pair) -> None:
+        self.pair = pair
+
+    def start(self, stack: contextlib.ExitStack, progress: bool) -> None:
+        pass  # nothing to start: it runs in this process
+
+    def generate(self, prompt_ids: list[int], config, eos_token_ids: frozenset[int]) -> GenResult:
+        pair = self.pair
+        # transformers writes the adapted threshold back into the draft's generation config;
+        # restore it so every prompt starts from the defaults, as a fresh user would.
+        saved = copy.deepcopy(pair.draft.generation_config)
+        counters = (_CallCounter(pair.target), _CallCounter(pair.draft))
+        ids = torch.tensor([prompt_ids], device=pair.device)
+        sampling = ({"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+                    if config.temperature > 0 else {"do_sample": False})
+        try:
+            torch.manual_seed(config.seed)
+            sync(pair.device)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = pair.target.generate(
+                    ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft, **sampling,
+                    max_new_tokens=config.max_new_tokens, eos_token_id=sorted(eos_token_ids),
+                    pad_token_id=pair.tokenizer.pad_token_id,
+                )
+            sync(pair.device)
+            wall = time.perf_counter() - t0
+        finally:
+            for c in counters:
+                c.close()
+            pair.draft.generation_config = saved
+        # a decoder-only output repeats the prompt; an encoder-decoder's starts with the decoder start token
+        tokens = out[0, 1 if pair.target.config.is_encoder_decoder else len(prompt_ids):].tolist()
+        stats = GenStats(new_tokens=len(tokens), wall_s=wall,
+                         target_forwards=counters[0].calls - 1, draft_forwards=counters[1].calls - 1)  # minus prefill
+        return GenResult(tokens, stats)
