@@ -29,8 +29,8 @@ def setup(tmp_path_factory):
 
 
 class Recording(ClassifierPolicy):
-    def should_stop(self, step):
-        stop = super().should_stop(step)
+    def stops(self, p_accept):  # the live decision, as the round (rounds.draft_window) takes it
+        stop = super().stops(p_accept)
         self.seen.append((self.window_features_last.numpy().copy(), stop))
         return stop
 
