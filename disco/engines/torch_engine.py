@@ -115,6 +115,18 @@ BUCKETS = (1, 2, 4, 8, 16, DEFAULT_MAX_WINDOW + 1)
 STATIC_ROUND = 256  # a reused static cache grows in steps of this many positions (each size: new graphs)
 
 
+def _raise_recompile_limit(n: int) -> None:
+    """Make room for `n` more compiled shapes. Every captured model's forward is one code object to dynamo
+    (models of a class share theirs, and transformers' deprecation wrapper is one function for all), so
+    target and draft share its recompile limit (8 by default) and, past it, further buckets would run
+    eagerly, with only a logged warning: the limit grows by each captured model's buckets."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # (torch < 2.6)
+    setattr(cfg, name, getattr(cfg, name) + n)
+
+
 class CapturedSteps:
     """One model's forward over fixed widths (`buckets`): compiled (on CUDA with CUDA graphs) when
     `compiled`, else eager with the same padding (what the tests compare against)."""
@@ -123,6 +135,8 @@ class CapturedSteps:
         self.buckets = tuple(sorted(buckets))
         on_cuda = next(model.parameters()).device.type == "cuda"
         mode = "reduce-overhead" if on_cuda else "default"  # reduce-overhead = inductor + CUDA graphs
+        if compiled:
+            _raise_recompile_limit(len(self.buckets))
         self.call = torch.compile(model.forward, mode=mode, dynamic=False) if compiled else model
 
     def bucket(self, width: int) -> int | None:
