@@ -346,6 +346,7 @@ class TorchEngine:
             self._static.reset()
         return self._static
 
+    @torch.inference_mode()  # as the decodes run: a graph compiled with grad mode on is never reused there
     def warm_up(self, capacity: int) -> float:
         """Compile (and on CUDA capture) every bucket's step for decodes of up to `capacity` positions,
         so that no measured decode pays for it; the seconds it took (0 without captured steps)."""
