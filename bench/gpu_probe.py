@@ -63,11 +63,13 @@ from disco.simulate import CostModel  # noqa: E402
 SHAPES = (ROOT / "configs/shapes/embedded-qwen2.5-coder.json", ROOT / "configs/shapes/llama-3.1-8b__llama-3.2-1b.json")
 ARTIFACT = ROOT / "models/embedded-qwen2.5-coder"  # the shipped torch classifier (LightGBM)
 PATHS = ("dynamic", "static", "static-compiled", "static-padded")
-CUDA_PATHS = ("dynamic", "static", "static-compiled")
+CUDA_PATHS = ("dynamic", "static-compiled", "static")  # in order of value: the captured path before static eager
 CPU_PATHS = ("dynamic", "static", "static-padded")  # static-compiled needs CUDA graphs
 # --tiny: the same families and configurations, shrunk (CPU tests)
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 16384}
+TINY_DRAFT = {**TINY, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1}  # smaller than the tiny target, as a draft is: shapes of its own
 LOGIT_STD = 4.0  # random models' logits are scaled to this spread: a top-1 probability near 0.5, not uniform
 AGREEMENT = 0.7  # the noise pair's draft agrees with the target on about this share of tokens
 NOISES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)  # relative noise levels tried, smallest first
@@ -151,13 +153,14 @@ def load_shapes(path: Path) -> dict:
     return shapes
 
 
-def build_model(config: dict, device: torch.device, dtype: torch.dtype, seed: int, tiny: bool) -> torch.nn.Module:
-    """A causal LM of this configuration with random weights, its logits scaled to LOGIT_STD."""
+def build_model(config: dict, device: torch.device, dtype: torch.dtype, seed: int,
+                tiny: dict | None = None) -> torch.nn.Module:
+    """A causal LM of this configuration with random weights, its logits scaled to LOGIT_STD; `tiny`:
+    fields that shrink it (TINY, TINY_DRAFT)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
-    if tiny:
-        cfg.update(TINY)
+    cfg.update(tiny or {})
     cfg.update(eos_token_id=None, bos_token_id=None, pad_token_id=None)  # random models: no EOS stops
     torch.manual_seed(seed)
     with torch.device(device):
@@ -328,8 +331,9 @@ def divergence(y: list[int], got: list[int], rows: torch.Tensor, dtype: torch.dt
     return out
 
 
-def check_lossless(target, draft, prompts, cfg, factories: dict, dtype: torch.dtype) -> dict:
-    """Every policy's greedy output vs target-only decoding on the same path, token for token."""
+def check_lossless(target, draft, prompts, cfg, factories: dict, dtype: torch.dtype, clock: Clock) -> dict:
+    """Every policy's greedy output vs target-only decoding on the same path, token for token (policies
+    left when the budget is spent are skipped and say so)."""
     refs = []
     for p in prompts:
         rows: list[torch.Tensor] = []
@@ -337,6 +341,10 @@ def check_lossless(target, draft, prompts, cfg, factories: dict, dtype: torch.dt
         refs.append((res.tokens, torch.cat(rows), res.stats.wall_s))
     out = {"target-only": {"tokens": sum(len(r[0]) for r in refs), "wall_s": sum(r[2] for r in refs)}}
     for name, make in factories.items():
+        if clock.left() < 0:
+            out[name] = {"identical": None, "skipped": "budget"}
+            log(f"    {name}: skipped (budget)")
+            continue
         entry = {"identical": True, "prompts": len(prompts), "tokens": 0, "drafted": 0, "accepted": 0,
                  "target_forwards": 0, "draft_forwards": 0, "padded_tokens": 0, "wall_s": 0.0}
         try:
@@ -383,7 +391,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32", "float16"),
                     help="auto: bfloat16 on CUDA, float32 on a CPU (as disco's own auto)")
     ap.add_argument("--prompts", type=int, default=2, help="random prompts per losslessness check")
-    ap.add_argument("--max-new-tokens", type=int, help="default 64 (--tiny: 24)")
+    ap.add_argument("--max-new-tokens", type=int, help="default 48 (--tiny: 24)")
     ap.add_argument("--repeats", type=int, help="timed forwards per profile figure (default 20; --tiny: 3)")
     ap.add_argument("--warmup", type=int, help="untimed forwards before each (default 3; --tiny: 1)")
     ap.add_argument("--context", type=int, help="cached tokens while timing (default 100; --tiny: 40)")
@@ -392,10 +400,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--noise", type=float, help="the noise pair's relative noise (default: calibrated)")
     ap.add_argument("--artifact", type=Path, default=ARTIFACT, help="the shipped classifier (needs lightgbm)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget: phases that would not fit are skipped")
+    ap.add_argument("--cpu-compile", action="store_true", help="let static-compiled run on a CPU: inductor's "
+                    "default mode, no CUDA graphs (slow: minutes; checks this script's compiled-path bookkeeping)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     small = args.tiny
-    args.max_new_tokens = args.max_new_tokens or (24 if small else 64)
+    args.max_new_tokens = args.max_new_tokens or (24 if small else 48)
     args.repeats = args.repeats or (3 if small else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if small else 3)
     args.context = args.context or (40 if small else 100)
@@ -417,7 +427,8 @@ def main(argv=None) -> dict:
         "issue": 25, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(dtype).removeprefix("torch."), "tiny": args.tiny, "python": platform.python_version(),
-        "torch": torch.__version__, "transformers": transformers.__version__, "budget_s": args.budget_s,
+        "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+        "budget_s": args.budget_s,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                      if k not in ("shapes", "out")} | {"shapes": [str(s) for s in args.shapes]},
         "skipped": {}, "shapes": {}, "paths": {}, "profiles": {}, "goals": {},
@@ -441,13 +452,20 @@ def main(argv=None) -> dict:
     # the static cache every decode and profile reuses holds 256 positions (STATIC_ROUND): stay under it
     capacity = max(args.context + DEFAULT_MAX_WINDOW + 1, 48 + args.max_new_tokens)
 
+    cpu_only_refused = device.type != "cuda" and not args.cpu_compile
     for si, shapes_file in enumerate(args.shapes):
         shapes = load_shapes(shapes_file)
         name = shapes.get("name", shapes_file.stem)
+        if cpu_only_refused and set(args.paths) <= {"static-compiled"}:  # nothing to run: build nothing
+            summary["paths"].setdefault("static-compiled", {})[name] = {
+                "status": "skipped: needs CUDA (captured CUDA graphs)"}
+            log(f"{name}/static-compiled: skipped: needs CUDA (captured CUDA graphs)")
+            continue
         log(f"{name}: building random-weight models ({'tiny' if args.tiny else 'full'} shapes, {summary['dtype']})")
         t0 = time.perf_counter()
-        target = build_model(shapes["target"]["config"], device, dtype, args.seed + 10 * si, args.tiny)
-        draft = build_model(shapes["draft"]["config"], device, dtype, args.seed + 10 * si + 1, args.tiny)
+        target = build_model(shapes["target"]["config"], device, dtype, args.seed + 10 * si, TINY if args.tiny else None)
+        draft = build_model(shapes["draft"]["config"], device, dtype, args.seed + 10 * si + 1,
+                            TINY_DRAFT if args.tiny else None)
         vocab = min(target.config.vocab_size, draft.config.vocab_size)
         gen = torch.Generator().manual_seed(args.seed + si)
         prompts = [torch.randint(3, vocab, (int(n),), generator=gen).tolist()
@@ -469,7 +487,7 @@ def main(argv=None) -> dict:
         for path in args.paths:
             key = f"{name}/{path}"
             phase: dict = summary["paths"].setdefault(path, {}).setdefault(name, {})
-            if path == "static-compiled" and device.type != "cuda":
+            if path == "static-compiled" and cpu_only_refused:
                 phase["status"] = "skipped: needs CUDA (captured CUDA graphs)"
                 log(f"{key}: {phase['status']}")
                 save()
@@ -486,16 +504,17 @@ def main(argv=None) -> dict:
                 set_path(models, path, args.draft_buckets)
                 if path == "static-compiled":
                     phase["compile_s"] = {}
-                    for model, role in models[:2]:  # the noise draft compiles its buckets when first used
-                        phase["compile_s"][role] = warm_up(model, capacity, clock, reserve_s=60)
+                    # the noise draft has the target's shapes: dynamo reuses the target's graphs for it
+                    for (model, role), label in zip(models, ("target", "draft", "noise draft")):
+                        phase["compile_s"][label] = warm_up(model, capacity, clock, reserve_s=60)
                         save()
-                        log(f"  compiled {role}: {phase['compile_s'][role]}")
-                        if "stopped" in phase["compile_s"][role]:
-                            raise TimeoutError(phase["compile_s"][role]["stopped"])
+                        log(f"  compiled {label}: {phase['compile_s'][label]}")
+                        if "stopped" in phase["compile_s"][label]:
+                            raise TimeoutError(phase["compile_s"][label]["stopped"])
                 prof = profile_pair(pair, DEFAULT_MAX_WINDOW, args.context, args.repeats, args.warmup, progress=False)
-                if "compile_s" in phase:
-                    prof["compile_s"] = sum(v for t in phase["compile_s"].values() for v in t.values()
-                                            if isinstance(v, float))
+                if "compile_s" in phase:  # the shape pair's own models
+                    prof["compile_s"] = sum(v for label in ("target", "draft")
+                                            for v in phase["compile_s"][label].values() if isinstance(v, float))
                 prof["probe"] = {"issue": 25, "shapes": name, "shapes_file": str(shapes_file), "path": path,
                                  "random_weights": True, "tiny": args.tiny,
                                  "captured_buckets": {"target": list(BUCKETS), "draft": list(args.draft_buckets)}
@@ -512,11 +531,13 @@ def main(argv=None) -> dict:
                 if noisy is not None:
                     log("  losslessness, noise pair, every policy")
                     phase["lossless_noise_pair"] = check_lossless(
-                        target, noisy, prompts, cfg, policies(vocab, device, cost, artifact, summary["skipped"]), dtype)
+                        target, noisy, prompts, cfg, policies(vocab, device, cost, artifact, summary["skipped"]), dtype,
+                        clock)
                     save()
                 log("  losslessness, shape pair, oracle")
                 phase["lossless_shape_pair"] = check_lossless(
-                    target, draft, prompts, cfg, {"oracle": lambda y: make_policy("oracle", target_tokens=y)}, dtype)
+                    target, draft, prompts, cfg, {"oracle": lambda y: make_policy("oracle", target_tokens=y)}, dtype,
+                    clock)
                 phase["status"] = "ok"
             except Exception as e:  # noqa: BLE001  (recorded; the next phase runs)
                 phase["status"] = "error: " + "".join(traceback.format_exception_only(type(e), e)).strip()
@@ -545,7 +566,7 @@ def lossless_table(summary: dict) -> dict:
                 for policy, entry in phase.get(which, {}).items():
                     if policy == "target-only":
                         continue
-                    verdict = entry["identical"]
+                    verdict = f"skipped: {entry['skipped']}" if "skipped" in entry else entry["identical"]
                     if verdict is False and all(d.get("kind") == "rounding tie" for d in entry.get("divergences", [])):
                         verdict = "rounding tie"
                     row[f"{'noise' if which == 'lossless_noise_pair' else name}/{policy}"] = verdict

@@ -50,6 +50,8 @@ def read_profiles(paths: list[Path], shapes: str | None) -> list[tuple[str, Cost
     files = []
     for p in paths:
         files += sorted(p.glob("profile-*.json")) if p.is_dir() else [p]
+    order = ("dynamic", "static", "static-compiled", "static-padded")  # the probe's paths, eager first
+    files.sort(key=lambda f: next((i for i, o in enumerate(order) if f.stem.endswith(f"-{o}")), len(order)))
     out = []
     for f in files:
         prof = json.loads(f.read_text())
@@ -82,8 +84,8 @@ def _row_key(row: dict) -> tuple[str, str | None]:
     """(row name, tuned value or None): a tuned setting's value differs per path, so it goes in the cell."""
     m = re.match(r"^(.*?)\s*=\s*([^ ]+) \(tuned\)$", row["setting"])
     if m:
-        return f"{row['policy']} ({m.group(1)} tuned)", m.group(2)
-    return f"{row['policy']} ({row['setting']})", None
+        return f"{row['policy']}, {m.group(1)} tuned", m.group(2)
+    return f"{row['policy']}, {row['setting']}", None
 
 
 def simulate_profiles(profiles, traces, artifact, max_window: int) -> dict:

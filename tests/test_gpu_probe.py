@@ -91,10 +91,10 @@ def test_shape_files_build_their_families():
     probe = _module(PROBE)
     for name in ("embedded-qwen2.5-coder", "llama-3.1-8b__llama-3.2-1b"):
         shapes = probe.load_shapes(ROOT / "configs" / "shapes" / f"{name}.json")
-        for role in ("target", "draft"):
-            model = probe.build_model(shapes[role]["config"], torch.device("cpu"), torch.float32, 0, tiny=True)
+        for role, tiny in (("target", probe.TINY), ("draft", probe.TINY_DRAFT)):
+            model = probe.build_model(shapes[role]["config"], torch.device("cpu"), torch.float32, 0, tiny)
             assert model.config.model_type == shapes[role]["config"]["model_type"]
-            assert model.config.num_hidden_layers == probe.TINY["num_hidden_layers"]
+            assert model.config.num_hidden_layers == tiny["num_hidden_layers"]
     full = probe.load_shapes(ROOT / "configs/shapes/embedded-qwen2.5-coder.json")
     assert (full["target"]["config"]["num_hidden_layers"], full["draft"]["config"]["hidden_size"]) == (28, 896)
 
@@ -132,8 +132,8 @@ def test_gpu_simulate_gives_disco_simulators_numbers(probe_out, tiny_traces_and_
         assert all(rows[(r["policy"], r["setting"])] == r["speedup"] for r in table)
         shipped = simulate(prompts, replay_policy("classifier", threshold=0.5, model=artifact), 20)
         assert result["rows"][sim.SHIPPED]["speedup"] == shipped.speedup(cost)
-        k = int(result["rows"]["constant (k tuned)"]["tuned_value"])
-        assert result["rows"]["constant (k tuned)"]["speedup"] == simulate(prompts, replay_policy("constant", k=k),
+        k = int(result["rows"]["constant, k tuned"]["tuned_value"])
+        assert result["rows"]["constant, k tuned"]["speedup"] == simulate(prompts, replay_policy("constant", k=k),
                                                                             20).speedup(cost)
     text = (tmp_path / "table.md").read_text()
     assert "| **shipped, as is** |" in text and "c_d / c_t(1)" in text and "static-padded" in text
