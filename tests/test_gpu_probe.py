@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def probe_out(tmp_path_factory):
     args = ["--device", "cpu", "--tiny", "--out", str(out), "--shapes", str(ROOT / "configs/shapes/embedded-qwen2.5-coder.json"),
             "--prompts", "1", "--max-new-tokens", "16", "--repeats", "2", "--warmup", "0", "--context", "24"]
     run = subprocess.run([sys.executable, "-c", blocker, *args], capture_output=True, text=True, timeout=300,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return out
 
