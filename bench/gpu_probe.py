@@ -451,6 +451,8 @@ def main(argv=None) -> dict:
         raise SystemExit(2)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 runs mean float32 (bf16 is unaffected)
+    elif args.tiny:
+        torch.set_num_threads(1)  # tiny matrices gain nothing from threads, and a shared CPU loses to spinning
     artifact = load_shipped(args.artifact, summary["skipped"])
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_window=DEFAULT_MAX_WINDOW)
     # the static cache every decode and profile reuses holds 256 positions (STATIC_ROUND): stay under it
