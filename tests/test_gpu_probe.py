@@ -176,3 +176,17 @@ def test_captured_models_raise_dynamos_recompile_limit():
         assert getattr(dynamo.config, name) == before + 8
     finally:
         setattr(dynamo.config, name, before)
+
+
+def test_captured_steps_static_cache_is_marked_static_for_cuda_graphs():
+    """The engine's static cache gets its tensors from an eager forward: allocated inside the first traced
+    step, transformers leaves them unmarked as static addresses, and CUDA graphs then skip every step (each
+    mutates the cache). Traced here by dynamo's eager backend, as the captured path traces it."""
+    model = tiny_qwen(dtype=torch.float32)
+    engine = TorchEngine.of(model).set_cache("static")
+    engine.steps = CapturedSteps(model, (1, 2), compiled=False)
+    engine.steps.call = torch.compile(model.forward, backend="eager", dynamic=False)
+    engine.warm_up(16)
+    layer = engine._static.layers[0]
+    assert getattr(layer.keys, "_dynamo_static_input_type", None) is not None
+    assert getattr(layer.cumulative_length, "_dynamo_static_input_type", None) is not None

@@ -339,6 +339,11 @@ class TorchEngine:
         if busy or self._static is None or self._static_len < capacity:
             length = STATIC_ROUND * math.ceil(capacity / STATIC_ROUND)
             cache = _new_cache(self.model, length)
+            # Allocate its tensors with one eager forward: allocated inside the first compiled step, they go
+            # unmarked as static addresses (transformers marks them outside dynamo only), and CUDA graphs are
+            # skipped for steps that mutate unmarked inputs, which is every step into a KV cache.
+            _forward(self.model, cache, torch.zeros(1, dtype=torch.long, device=self.device), 1)
+            cache.reset()
             if busy:
                 return cache
             self._static, self._static_len = cache, length
