@@ -340,7 +340,8 @@ def check_lossless(target, draft, prompts, cfg, factories: dict, dtype: torch.dt
         rows: list[torch.Tensor] = []
         res = target_generate(target, p, cfg, frozenset(), target_rows=rows)
         refs.append((res.tokens, torch.cat(rows), res.stats.wall_s))
-    out = {"target-only": {"tokens": sum(len(r[0]) for r in refs), "wall_s": sum(r[2] for r in refs)}}
+    out = {"target-only": {"tokens": sum(len(r[0]) for r in refs), "wall_s": sum(r[2] for r in refs),
+                           "outputs": [r[0] for r in refs]}}
     for name, make in factories.items():
         if clock.left() < 0:
             out[name] = {"identical": None, "skipped": "budget"}
@@ -556,6 +557,7 @@ def main(argv=None) -> dict:
             torch.cuda.empty_cache()
 
     summary["lossless"] = lossless_table(summary)
+    summary["target_only_across_paths"] = across_paths(summary)
     summary["goals"] = goals(summary, args.shapes)
     save()
     log(f"done in {clock.elapsed():.0f} s: {args.out / 'summary.json'}")
@@ -579,6 +581,23 @@ def lossless_table(summary: dict) -> dict:
             if not phase.get("status", "").startswith("ok"):
                 row[f"{name}/status"] = phase.get("status")
         out[path] = row
+    return out
+
+
+def across_paths(summary: dict) -> dict:
+    """Does target-only decoding give the same tokens on every path as on the first one? (Not required:
+    each path is lossless against itself; in bf16 different kernels may round a near-tie apart.)"""
+    out: dict = {}
+    paths = list(summary["paths"])
+    for name in summary["shapes"]:
+        for which in ("lossless_noise_pair", "lossless_shape_pair"):
+            got = {p: summary["paths"][p].get(name, {}).get(which, {}).get("target-only", {}).get("outputs")
+                   for p in paths}
+            got = {p: v for p, v in got.items() if v is not None}
+            if len(got) > 1:
+                first, ref = next(iter(got.items()))
+                out[f"{name}/{which.removeprefix('lossless_')}"] = {
+                    p: [a == b for a, b in zip(ref, v)] for p, v in got.items() if p != first} | {"reference": first}
     return out
 
 
