@@ -21,13 +21,13 @@ the same buckets as the compiled path: the compiled path's bookkeeping without t
 Writes OUT/profile-<shapes>-<path>.json (one per shape pair and path) and OUT/summary.json (losslessness
 per path and policy, the profiles' ratios, compile times, the issue's goals), the summary rewritten after
 every phase so that a run cut short keeps what it measured. Phases run in order of value (the embedded
-shapes first: dynamic, static, compiled; then the next shape pair) and one that would not fit in
+shapes first: dynamic, compiled, static; then the next shape pair) and one that would not fit in
 --budget-s is skipped and says so. bench/gpu_simulate.py turns the profiles into speedups on traces.
 
 Needs torch, numpy and transformers >= 5.20 (the `cache=` forward argument disco passes; the GPU
 image's 5.17 takes `past_key_values`, so a newer transformers wheel travels: bench/RESULTS.md, "GPU
 (issue 25)"); lightgbm only for the shipped classifier (skipped without it). No pandas, pyarrow,
-sklearn, typer, gguf or llama_cpp on this path.
+sklearn, typer, gguf or llama_cpp on this path (threshold-adaptive runs only where sklearn is there).
 """
 
 from __future__ import annotations
