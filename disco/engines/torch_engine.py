@@ -121,6 +121,18 @@ BUCKETS = (1, 2, 4, 8, 16, DEFAULT_MAX_WINDOW + 1)
 STATIC_ROUND = 256  # a reused static cache grows in steps of this many positions (each size: new graphs)
 
 
+def _raise_recompile_limit(n: int) -> None:
+    """Make room for `n` more compiled shapes. Every captured model's forward is one code object to dynamo
+    (models of a class share theirs, and transformers' deprecation wrapper is one function for all), so
+    target and draft share its recompile limit (8 by default) and, past it, further buckets would run
+    eagerly, with only a logged warning: the limit grows by each captured model's buckets."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # (torch < 2.6)
+    setattr(cfg, name, getattr(cfg, name) + n)
+
+
 class CapturedSteps:
     """One model's forward over fixed widths (`buckets`): compiled (on CUDA with CUDA graphs) when
     `compiled`, else eager with the same padding (what the tests compare against)."""
@@ -129,6 +141,8 @@ class CapturedSteps:
         self.buckets = tuple(sorted(buckets))
         on_cuda = next(model.parameters()).device.type == "cuda"
         mode = "reduce-overhead" if on_cuda else "default"  # reduce-overhead = inductor + CUDA graphs
+        if compiled:
+            _raise_recompile_limit(len(self.buckets))
         self.call = torch.compile(model.forward, mode=mode, dynamic=False) if compiled else model
 
     def bucket(self, width: int) -> int | None:
@@ -331,6 +345,11 @@ class TorchEngine:
         if busy or self._static is None or self._static_len < capacity:
             length = STATIC_ROUND * math.ceil(capacity / STATIC_ROUND)
             cache = _new_cache(self.model, length)
+            # Allocate its tensors with one eager forward: allocated inside the first compiled step, they go
+            # unmarked as static addresses (transformers marks them outside dynamo only), and CUDA graphs are
+            # skipped for steps that mutate unmarked inputs, which is every step into a KV cache.
+            _forward(self.model, cache, torch.zeros(1, dtype=torch.long, device=self.device), 1)
+            cache.reset()
             if busy:
                 return cache
             self._static, self._static_len = cache, length
@@ -338,6 +357,7 @@ class TorchEngine:
             self._static.reset()
         return self._static
 
+    @torch.inference_mode()  # as the decodes run: a graph compiled with grad mode on is never reused there
     def warm_up(self, capacity: int) -> float:
         """Compile (and on CUDA capture) every bucket's step for decodes of up to `capacity` positions,
         so that no measured decode pays for it; the seconds it took (0 without captured steps)."""
