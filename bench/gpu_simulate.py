@@ -33,8 +33,9 @@ import numpy as np  # noqa: E402
 
 # --- the disco internals this script depends on (a refactor updates these lines) ------------------
 from disco.artifact import load_artifact  # noqa: E402
-from disco.policy import DEFAULT_MAX_WINDOW  # noqa: E402
-from disco.simulate import CostModel, replay_policy, simulate_many  # noqa: E402
+from disco.defaults import DEFAULT_MAX_WINDOW  # noqa: E402
+from disco.cost import CostModel  # noqa: E402
+from disco.simulate import replay_policy, simulate_many  # noqa: E402
 from disco.train import (DEFAULT_VAL_FRACTION, load_trace_data, policy_table, row_tasks, split_by_prompt,  # noqa: E402
                          traces_for)
 

@@ -23,7 +23,8 @@ from disco.engines.torch_engine import CapturedSteps, TorchEngine
 from disco.features import FEATURES
 from disco.pair import pair_from_models
 from disco.prompts import Prompt
-from disco.simulate import CostModel, replay_policy, simulate
+from disco.cost import CostModel
+from disco.simulate import replay_policy, simulate
 from disco.train import load_trace_data, policy_table, traces_for
 from tiny import char_tokenizer, tiny_pair, tiny_qwen
 
