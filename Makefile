@@ -20,11 +20,12 @@ install: $(BIN)/disco
 demo: install
 	$(BIN)/disco demo
 
-# The checks that keep the structure (docs/architecture.md): style, format, and the import layers.
+# The checks that keep the structure (docs/architecture.md): style, format, the import layers, the interfaces' types.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 test: install lint
 	$(BIN)/python -m pytest -q

@@ -14,6 +14,7 @@ a torch model passed in directly runs on the torch engine.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -93,11 +94,14 @@ class _Drafter:
 
     def begin(self, ids: torch.Tensor) -> None:
         """A new round after the committed tokens `ids` (prompt + output)."""
-        self.ids, self.tokens, self.q_rows = ids, [], []
+        self.ids = ids
+        self.tokens: list[torch.Tensor] = []  # this window's draft tokens (0-dim) ...
+        self.q_rows: list[torch.Tensor] = []  # ... and the distributions they were drawn from
 
     def propose(self, pos: int) -> DraftStep:
         """Draft the pos-th token of the window: what the policy decides on."""
         if self.session is None:
+            assert self.engine is not None, "a round drafts only with a draft"
             self.session = self.engine.session(self.ids[: self.n_prompt], hidden=self.want_hidden,
                                                capacity=self.capacity)
             self.session.prefill()
@@ -105,7 +109,8 @@ class _Drafter:
         logits = self.session.forward(feed, 1)[0]
         q = warp(logits, self.config.temperature, self.config.top_p)
         tok = _pick(q, self.gen is None, self.gen)
-        hidden = self.session.hidden()[-1] if self.want_hidden else None
+        states = self.session.hidden() if self.want_hidden else None
+        hidden = states[-1] if states is not None else None
         gen_pos = len(self.ids) - self.n_prompt + pos - 1
         step = DraftStep(logits, q, tok, pos, gen_pos, self.ids, self.tokens[:], hidden)
         self.tokens.append(tok)
@@ -123,7 +128,7 @@ def speculative_generate(
     prompt_ids: list[int],
     policy: StoppingPolicy | None,
     config: DecodeConfig,
-    eos_token_ids: frozenset[int] = frozenset(),
+    eos_token_ids: Collection[int] = frozenset(),
     target_rows: list[torch.Tensor] | None = None,
 ) -> GenResult:
     """Generate from `target`, drafting with `draft` under `policy`.
@@ -153,7 +158,8 @@ def speculative_generate(
     capacity = len(prompt_ids) + config.max_new_tokens  # the furthest position any forward reaches
     target_session = target.session(ids, capacity=capacity)
     target_session.prefill()  # everything but the pending (last) token
-    drafter = _Drafter(draft, len(prompt_ids), max_window > 0 and policy.needs_hidden, capacity, config, gen)
+    want_hidden = policy is not None and max_window > 0 and policy.needs_hidden
+    drafter = _Drafter(draft, len(prompt_ids), want_hidden, capacity, config, gen)
     sync(device)
     stats.prefill_s = time.perf_counter() - t0
     out: list[int] = []
@@ -206,7 +212,7 @@ def speculative_generate(
 
 
 def _rejection_sample(
-    p: torch.Tensor, q_rows: list[torch.Tensor], draft_ids: torch.Tensor, gen: torch.Generator
+    p: torch.Tensor, q_rows: list[torch.Tensor], draft_ids: torch.Tensor, gen: torch.Generator | None
 ) -> tuple[int, torch.Tensor]:
     """Leviathan et al.: accept draft token i with prob min(1, p_i/q_i); on the first rejection
     sample from the residual max(0, p - q); if all are accepted, sample a bonus token from p."""
@@ -229,7 +235,7 @@ def _rejection_sample(
 
 
 def target_generate(
-    target: Engine | torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_token_ids: set[int] = frozenset(),
+    target: Engine | torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_token_ids: Collection[int] = frozenset(),
     target_rows: list[torch.Tensor] | None = None,
 ) -> GenResult:
     """Plain target-only decoding, through the same loop (the baseline every speedup is measured against)."""

@@ -94,6 +94,7 @@ def decide_now(decisions: Generator[Any, float, Any], policy: StoppingPolicy | N
     try:
         question = next(decisions)
         while True:
+            assert policy is not None, "only a policy asks questions"
             question = decisions.send(policy.p_accept(question))
     except StopIteration as done:
         return done.value

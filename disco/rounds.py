@@ -77,5 +77,6 @@ def end_round(policy: StoppingPolicy | None, stats: GenStats, drafted: int, acce
     counted: the accepted tokens to count when they differ from `accepted` (the simulator's expectation)."""
     stats.target_forwards += 1
     if drafted > 0:
+        assert policy is not None, "only a policy drafts"
         policy.update(drafted, accepted, signals)
         stats.record_window(drafted, accepted if counted is None else counted)

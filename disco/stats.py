@@ -8,13 +8,16 @@ from dataclasses import dataclass, field
 
 @dataclass
 class GenStats:
-    new_tokens: int = 0  # tokens generated (including a final EOS)
+    """Counts of one generation. Live they are whole numbers; the simulator's expected-acceptance mode
+    (simulate.prompt_traces(expected=True)) counts new and accepted tokens as expectations."""
+
+    new_tokens: float = 0  # tokens generated (including a final EOS)
     target_forwards: int = 0  # target calls after the prompt prefill (one per round)
     draft_forwards: int = 0  # draft calls after the prompt prefill (one per drafted token)
     drafted: int = 0  # draft tokens sent to verification
-    accepted: int = 0  # draft tokens the target accepted
+    accepted: float = 0  # draft tokens the target accepted
     windows: list[int] = field(default_factory=list)  # drafted tokens per round
-    accepted_per_window: list[int] = field(default_factory=list)  # accepted tokens per round
+    accepted_per_window: list[float] = field(default_factory=list)  # accepted tokens per round
     prefill_s: float = 0.0  # the target's prompt prefill (and encoding); the draft's runs at its first window
     # tokens re-run because a KV cache could not be rolled back (crop failed); 0 when rollback is a crop
     recomputed_tokens: int = 0
@@ -23,8 +26,9 @@ class GenStats:
     padded_tokens: int = 0
     wall_s: float = 0.0  # the whole call, prefill included
 
-    def record_window(self, drafted: int, accepted: int) -> None:
-        """One verified window (the loop and the simulator count alike)."""
+    def record_window(self, drafted: int, accepted: float) -> None:
+        """One verified window (the loop and the simulator count alike; the simulator may count an
+        expected number of accepted tokens)."""
         self.windows.append(drafted)
         self.accepted_per_window.append(accepted)
         self.drafted += drafted
