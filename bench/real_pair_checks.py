@@ -27,7 +27,8 @@ from disco.collect import trace_prompt
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.pair import load_pair
 from disco.prompts import load_prompt_sources
-from disco.simulate import prompt_traces, read_traces, replay_policy, simulate_many
+from disco.simulate import prompt_traces, replay_policy, simulate_many
+from disco.trace import read_traces
 
 
 def main() -> None:

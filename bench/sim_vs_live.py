@@ -18,7 +18,8 @@ from pathlib import Path
 
 from disco.artifact import load_artifact
 from disco.compare import cost_model_speedups
-from disco.simulate import CostModel, prompt_traces, read_traces, replay_policy, simulate_many
+from disco.simulate import CostModel, prompt_traces, replay_policy, simulate_many
+from disco.trace import read_traces
 
 
 def factories(labels: list[str], artifacts: dict[str, object], cost: CostModel, max_window: int) -> dict:

@@ -42,8 +42,8 @@ from disco.errors import DiscoError
 from disco.features import DISCO_FEATURES, FEATURES, TARGET_SIGNALS
 from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H
 from disco.simulate import (SIGNAL_COLUMNS, CostModel, PromptTrace, SimResult, check_columns, prompt_traces,
-                            read_traces, replay_policy, signal_columns, simulate_many)
-from disco.trace import HIDDEN_COLUMN
+                            replay_policy, signal_columns, simulate_many)
+from disco.trace import HIDDEN_COLUMN, read_traces
 
 if TYPE_CHECKING:
     import pandas as pd

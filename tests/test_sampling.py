@@ -15,9 +15,10 @@ from scipy.stats import chisquare
 import disco.decode as decode_mod
 from disco.artifact import SamplingMismatch, load_artifact
 from disco.classifier import ClassifierPolicy
-from disco.collect import coupled_draft, load_traces, teacher_forced_trace, collect, trace_prompt
+from disco.collect import coupled_draft, teacher_forced_trace, collect, trace_prompt
 from disco.decode import DecodeConfig, speculative_generate, target_generate, warp
 from disco.errors import DiscoError
+from disco.trace import read_trace_rows
 from disco.features import token_class_table
 from disco.pair import Pair
 from disco.policy import make_policy
@@ -87,9 +88,9 @@ def test_sampled_collection_is_seeded_per_prompt_and_resumes(pair32, tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["generation"]["temperature"] == 0.8 and manifest["generation"]["top_p"] == 0.9
     assert manifest["generation"]["seed"] == 7
-    whole = load_traces(out)
+    whole = read_trace_rows(out)
     # a prompt's rows do not depend on what else the run traced: the first two equal the other folder's
-    first = load_traces(out / "x")
+    first = read_trace_rows(out / "x")
     pd.testing.assert_frame_equal(whole[whole["prompt_id"].isin(first["prompt_id"])].reset_index(drop=True), first)
     # another temperature cannot resume into the folder
     with pytest.raises(DiscoError, match="generation.temperature"):
