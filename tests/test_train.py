@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from disco.artifact import JoblibModel, load_artifact, save_artifact
+from disco.artifact import JoblibModel, load_artifact, rehash_artifact, save_artifact
 from disco.classifier import ClassifierPolicy
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
@@ -140,6 +140,7 @@ def test_artifact_of_an_older_feature_list_loads_by_name(data, tmp_path):
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["features"] = [FEATURES[i] for i in old]  # what the older disco wrote
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    rehash_artifact(folder)  # as that disco would have hashed it
     art = load_artifact(folder)
     assert art.columns == old
     assert np.array_equal(art.predict_proba(X[va]), model.predict_proba(X[va]))
@@ -277,7 +278,8 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
     from disco.collect import collect
     from disco.pair import pair_from_models
     from disco.prompts import Prompt
-    from disco.simulate import prompt_traces, read_traces
+    from disco.simulate import prompt_traces
+    from disco.trace import read_traces
     from tiny import char_tokenizer, tiny_pair
 
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
