@@ -27,7 +27,7 @@ import torch
 from disco.decode import DecodeConfig, GenResult, GenStats, generate, target_generate, warp
 from disco.engines.base import as_engine, teacher_forced
 from disco.errors import DiscoError
-from disco.files import atomic_write_json, atomic_write_text
+from disco.files import atomic_write_json, atomic_write_text, write_dir
 from disco.pair import Pair
 from disco.policy import PolicySpec
 from disco.prompts import Prompt
@@ -230,6 +230,8 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     write compare.json, table.md and plots into out_dir."""
     sampled = config.temperature > 0
     check_seeds(seeds, config.temperature)
+    if not entries:
+        raise DiscoError("no policy row to run beside target-only: choose rows with --policies (or drop it)")
     if sampled and any(e.spec is not None and e.spec.name == "oracle" for e in entries):
         raise DiscoError("the oracle policy is defined for greedy decoding only: leave it out of --policies "
                          "when sampling")
@@ -269,13 +271,15 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     result = {"pair": pair.describe(), "config": config.__dict__, "n_prompts": len(prompts), "seeds": seeds,
               "compile_s": compile_s,
               "anchors": [e.label for e in entries if e.anchor], "summary": summary, "prompts": per_prompt}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / "compare.json", result)
-    atomic_write_text(out_dir / "table.md", format_table(summary) + "\n")
-    if plots:
-        from disco.plots import write_plots
+    def fill(folder: Path) -> None:  # a new folder replacing the old whole: no stale plot stays
+        atomic_write_json(folder / "compare.json", result)
+        atomic_write_text(folder / "table.md", format_table(summary) + "\n")
+        if plots:
+            from disco.plots import write_plots
 
-        write_plots(result, out_dir)
+            write_plots(result, folder)
+
+    write_dir(out_dir, fill, "comparison")
     return result
 
 

@@ -138,7 +138,7 @@ def os_error(e: OSError, path: str | Path, kept: str = "") -> DiscoError:
     return DiscoError(line + (f"; {kept}" if kept else ": choose another location or free it"))
 
 
-def _probe_writable(folder: Path, flag: str, path: Path) -> None:
+def probe_writable(folder: Path, flag: str, path: Path) -> None:
     """Create and remove a file in the nearest existing folder above `path`: the only reliable test
     (os.access says yes to root on a read-only mount's files, and nothing about free inodes)."""
     while not folder.exists():
@@ -159,7 +159,7 @@ def check_out_file(path: str | Path, flag: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise DiscoError(f"{flag} {path} is a folder: give a file name, e.g. {path / 'out.json'}")
-    _probe_writable(path.parent, flag, path)
+    probe_writable(path.parent, flag, path)
 
 
 def is_trace_folder(path: Path) -> bool:
@@ -185,7 +185,7 @@ def check_out_dir(path: str | Path, flag: str, overwrite: bool, what: str = "res
         if any(path.iterdir()) and not overwrite:
             raise DiscoError(f"{flag} {path} is not empty: choose another {flag}, or pass --overwrite to replace "
                              "it whole")
-    _probe_writable(path.parent, flag, path)
+    probe_writable(path.parent, flag, path)
 
 
 def rescue_path(name: str) -> Path:
