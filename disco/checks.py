@@ -67,7 +67,8 @@ def check_options(command: str, options: dict[str, Any]) -> None:
         raise DiscoError(f"--top-p {o['top_p']:g} applies to sampling only and this run decodes greedily: drop --top-p, "
                          "or add --temperature above 0")
     check_outputs(command, o)
-    for path in o.get("classifier") or []:  # compare repeats it; generate gives one
+    given = o.get("classifier") or []
+    for path in [given] if isinstance(given, str) else given:  # generate gives one, compare a list
         _check_artifact(path, o.get("trust_pickle", False))
     if command == "generate" and o.get("policy") == "classifier" and not o.get("classifier"):
         raise DiscoError("the classifier policy needs a trained artifact: pass --classifier models/NAME")

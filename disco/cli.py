@@ -136,7 +136,7 @@ def generate(
                         "token_ids": res.tokens, "stats": res.stats.to_dict()})
     if json_out is not None:
         result = {"pair": pair.describe(), "config": config.__dict__, "results": records}
-        write_or_rescue(json_out, lambda path: atomic_write_json(path, result), "results")
+        write_or_rescue(json_out, lambda path: atomic_write_json(path, result), "results file")
         _say(f"wrote {json_out}")
 
 
