@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -555,12 +556,31 @@ def message_of(stderr: str) -> str:
     return lines[0] if lines else ""
 
 
+def markdown(results: list[dict]) -> str:
+    """The table for bench/RESULTS.md: case -> exit code -> first line of the message."""
+    lines = ["| # | group | case | exit | message (first line) | traceback | data |", "|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(results, 1):
+        if "skipped" in r:
+            lines.append(f"| {i} | {r['group']} | {r['case']} | – | skipped: {r['skipped']} | – | – |")
+            continue
+        msg = re.sub(r"-\d{9,}", "", r["message"].replace("|", "\\|").replace(str(Path("/tmp/disco-battery")), "W"))
+        msg = re.sub(r"/tmp/disco-(\w+)-\w+", r"/tmp/disco-\1-…", msg)
+        msg = msg if msg.startswith(("error:", "warning:")) else "(no error; " + msg[:60] + ")"
+        lines.append(f"| {i} | {r['group']} | {r['case']} | {r['exit']} | {msg} | {'YES' if r['traceback'] else 'no'} "
+                     f"| {r['data']} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/disco-battery"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "battery-results.json")
     ap.add_argument("--only", default="")
+    ap.add_argument("--markdown", action="store_true", help="print the table of an earlier run's --out and stop")
     args = ap.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.out.read_text())))
+        return
     shutil.rmtree(args.work / "cases", ignore_errors=True)
     world = build(args.work)
     results = []

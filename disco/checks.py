@@ -66,6 +66,9 @@ def check_options(command: str, options: dict[str, Any]) -> None:
     if o.get("temperature", None) == 0 and o.get("top_p", 1.0) != 1.0:
         raise DiscoError(f"--top-p {o['top_p']:g} applies to sampling only and this run decodes greedily: drop --top-p, "
                          "or add --temperature above 0")
+    for traces in o.get("traces") or []:  # inputs first: a mistyped --traces is the likelier mistake
+        if not Path(traces).exists():
+            raise DiscoError(f"no trace folder or .parquet file at {traces} (make traces with: disco collect)")
     check_outputs(command, o)
     given = o.get("classifier") or []
     for path in [given] if isinstance(given, str) else given:  # generate gives one, compare a list
@@ -125,6 +128,11 @@ def check_gguf(path: Path, role: str = "model") -> None:
     otherwise fails deep inside a tokenizer or model loader with an unrelated message)."""
     from gguf import GGUFReader
 
+    from disco.engines.llamacpp import is_gguf
+
+    if not is_gguf(path):
+        raise DiscoError(f"the {role} {path} is not a GGUF file (no GGUF header): give a GGUF file, or a transformers "
+                         "model folder")
     size = path.stat().st_size
     try:
         reader = GGUFReader(path)

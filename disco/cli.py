@@ -411,7 +411,7 @@ def main() -> None:
         typer.echo("interrupted", err=True)
         sys.exit(130)
     except OSError as e:  # the last net: a file error the commands did not foresee is still one line
-        from disco.files import os_error
+        from disco.files import cause
 
-        typer.echo(f"error: {os_error(e, e.filename or 'a file')}", err=True)
+        typer.echo(f"error: {e.filename or 'a file'}: {cause(e)}: check the path, its permissions and the disk", err=True)
         sys.exit(2)

@@ -130,6 +130,11 @@ _CAUSES = {
 }
 
 
+def cause(e: OSError) -> str:
+    """An OSError's cause in words (read-only, no space, is a directory, …)."""
+    return _CAUSES.get(e.errno or 0, e.strerror or str(e))
+
+
 def os_error(e: OSError, path: str | Path, kept: str = "") -> DiscoError:
     """One line naming the path and the cause of a failed write (kept: where finished work is)."""
     cause = _CAUSES.get(e.errno or 0, e.strerror or str(e))

@@ -86,8 +86,11 @@ class TraceSource:
 
 
 def trace_files(folder: Path) -> list[Path]:
-    """The Parquet files of a trace folder, at any depth, except hidden ones (a name or folder
-    starting with a dot: collect's partial shards and the damaged shards it set aside)."""
+    """The Parquet files of a trace folder, except hidden ones (a name or folder starting with a dot:
+    collect's partial shards and the damaged shards it set aside): those of its data/ folder when it
+    is one `disco collect` wrote (manifest + data/), else those at any depth."""
+    if (folder / MANIFEST).is_file() and (folder / "data").is_dir():
+        folder = folder / "data"
     return sorted(f for f in folder.rglob("*.parquet")
                   if not any(part.startswith(".") for part in f.relative_to(folder).parts))
 

@@ -82,7 +82,7 @@ def test_sampled_trace_records_min_1_p_over_q_of_the_warped_distributions(pair32
 def test_sampled_collection_is_seeded_per_prompt_and_resumes(pair32, tmp_path):
     prompts = make_prompts(4)
     out = tmp_path / "t"
-    collect(pair32, prompts[:2], out / "x", SAMPLED, progress=False)  # another folder: other prompt list
+    collect(pair32, prompts[:2], tmp_path / "x", SAMPLED, progress=False)  # another folder: other prompt list
     stats = collect(pair32, prompts, out, SAMPLED, progress=False, shard_prompts=1)
     assert stats.prompts_traced == 4
     manifest = json.loads((out / "manifest.json").read_text())
@@ -90,7 +90,7 @@ def test_sampled_collection_is_seeded_per_prompt_and_resumes(pair32, tmp_path):
     assert manifest["generation"]["seed"] == 7
     whole = read_trace_rows(out)
     # a prompt's rows do not depend on what else the run traced: the first two equal the other folder's
-    first = read_trace_rows(out / "x")
+    first = read_trace_rows(tmp_path / "x")
     pd.testing.assert_frame_equal(whole[whole["prompt_id"].isin(first["prompt_id"])].reset_index(drop=True), first)
     # another temperature cannot resume into the folder
     with pytest.raises(DiscoError, match="generation.temperature"):
