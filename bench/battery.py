@@ -383,7 +383,7 @@ def cases() -> list[Case]:
     for label, fn in [("columns reversed", lambda m, f: m.update(columns=m["columns"][::-1])),
                       ("a column dropped", lambda m, f: m.update(columns=m["columns"][:-1])),
                       ("threshold edited", lambda m, f: m.update(threshold=0.01)),
-                      ("rule edited", lambda m, f: m.update(rule="cumulative")),
+                      ("rule edited", lambda m, f: m.update(rule="token" if m.get("rule") != "token" else "cumulative")),
                       ("calibration edited", lambda m, f: m.update(calibration={"a": 5.0, "b": 0.0})),
                       ("cost model edited", lambda m, f: m.update(cost_model={"c_d": 0.0, "c_t": [1.0] * 22}))]:
         add(Case(f"artifact: {label}", "7 artifact", 2,
