@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
+# the disco under test (DISCO_BATTERY_ROOT: another checkout, e.g. the code before a fix)
+ROOT = Path(os.environ.get("DISCO_BATTERY_ROOT") or Path(__file__).resolve().parent.parent)
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 PY = sys.executable
