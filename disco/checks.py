@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from disco.errors import DiscoError
 
@@ -137,7 +138,7 @@ def check_gguf(path: Path, role: str = "model") -> None:
     try:
         reader = GGUFReader(path)
         end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    except Exception as e:  # noqa: BLE001 -- any parse failure means the same thing to the user
+    except Exception as e:  # any parse failure means the same to the user: the file is not whole
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DiscoError(f"the {role} {path} is damaged or truncated (not a readable GGUF file: {first}): copy or "
                          "download it again") from None
