@@ -21,6 +21,10 @@ a hidden temporary name and renamed, so a killed run never leaves a partial shar
 complete; the prompt ids inside the finished shards are the done-list a rerun resumes from.
 Several processes (torchrun / accelerate launch) each take prompts i with i % world == rank and
 write their own shards; the folder then holds the rows of a single-process run.
+
+One run writes a folder at a time (`folder_lock`: flock on OUT/.lock, so a second `disco collect`
+into it says it is busy); a prompt found in two shards is refused (trace.check_unique), and an
+unreadable shard is set aside under a hidden name until its prompts are traced again.
 """
 
 from __future__ import annotations
