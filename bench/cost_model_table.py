@@ -11,8 +11,8 @@ import json
 import sys
 
 from disco.compare import cost_model_speedups, spread
-from disco.engines.llamacpp import FAST_SUFFIX
 from disco.cost import CostModel
+from disco.engines.llamacpp import FAST_SUFFIX
 
 
 def main(compare_json: str, profile: str, fast_profile: str | None = None) -> None:

@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from disco import embedded  # noqa: E402
 from disco.cpu import FLOAT32_EXACT, apply_cpu_backend, linear_weight_bytes  # noqa: E402
-from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS  # noqa: E402
 from disco.decode import DecodeConfig, speculative_generate, target_generate  # noqa: E402
+from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS  # noqa: E402
 from disco.engines.torch_engine import _forward, _new_cache, _truncate  # noqa: E402
-from disco.hub import eos_ids, encode_prompt, load_model, load_tokenizer  # noqa: E402
+from disco.hub import encode_prompt, eos_ids, load_model, load_tokenizer  # noqa: E402
 from disco.policy import ThresholdPolicy  # noqa: E402
 from disco.profile import context_ids  # noqa: E402
 from disco.prompts import DATA_DIR, load_prompts  # noqa: E402

@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cpu_backends import bandwidth_gbs, say  # noqa: E402
 
-from disco.engines.llamacpp import verify_mode  # noqa: E402
 from disco.cpu import linear_weight_bytes  # noqa: E402
 from disco.decode import DecodeConfig, target_generate  # noqa: E402
-from disco.engines.registry import as_engine# noqa: E402
-from disco.pair import load_pair  # noqa: E402
+from disco.engines.llamacpp import verify_mode  # noqa: E402
+from disco.engines.registry import as_engine  # noqa: E402
 from disco.options import PairOptions
+from disco.pair import load_pair  # noqa: E402
 from disco.profile import profile_pair  # noqa: E402
 from disco.prompts import DATA_DIR, load_prompts  # noqa: E402
 
@@ -104,9 +104,9 @@ def main() -> None:
     run["rows"] = rows
     bw = (run["bandwidth_gbs"] + run["bandwidth_gbs_end"]) / 2
     print(table(rows, bw))
-    t, l = rows["torch float32 (onednn)"], rows["llama.cpp (draft Q4_K_M as shipped)"]
-    print(f"\nllama.cpp target-only / torch float32 target-only: {l['target_only_tok_s'] / t['target_only_tok_s']:.2f}x "
-          f"({l['target_only_tok_s']:.2f} vs {t['target_only_tok_s']:.2f} tok/s, {len(prompts)} prompts x "
+    t, lc = rows["torch float32 (onednn)"], rows["llama.cpp (draft Q4_K_M as shipped)"]
+    print(f"\nllama.cpp target-only / torch float32 target-only: {lc['target_only_tok_s'] / t['target_only_tok_s']:.2f}x "
+          f"({lc['target_only_tok_s']:.2f} vs {t['target_only_tok_s']:.2f} tok/s, {len(prompts)} prompts x "
           f"{args.max_new_tokens} tokens); memory bandwidth {run['bandwidth_gbs']:.1f} / {run['bandwidth_gbs_end']:.1f} GB/s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -52,14 +52,14 @@ import torch  # noqa: E402
 # --- the disco internals this script depends on (a refactor updates these lines) ------------------
 from disco.artifact import DenseModel, load_artifact  # noqa: E402
 from disco.classifier import ClassifierPolicy  # noqa: E402
+from disco.cost import CostModel  # noqa: E402
 from disco.decode import DecodeConfig, speculative_generate, target_generate  # noqa: E402
+from disco.defaults import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD  # noqa: E402
 from disco.engines.torch_engine import BUCKETS, CapturedSteps, TorchEngine  # noqa: E402
 from disco.features import FEATURES, TOKEN_CLASSES  # noqa: E402
 from disco.pair import pair_from_models  # noqa: E402
-from disco.defaults import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD  # noqa: E402
 from disco.policies import make_policy  # noqa: E402
 from disco.profile import profile_pair  # noqa: E402
-from disco.cost import CostModel  # noqa: E402
 
 SHAPES = (ROOT / "configs/shapes/embedded-qwen2.5-coder.json", ROOT / "configs/shapes/llama-3.1-8b__llama-3.2-1b.json")
 ARTIFACT = ROOT / "models/embedded-qwen2.5-coder"  # the shipped torch classifier (LightGBM)

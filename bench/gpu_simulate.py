@@ -33,11 +33,10 @@ import numpy as np  # noqa: E402
 
 # --- the disco internals this script depends on (a refactor updates these lines) ------------------
 from disco.artifact import load_artifact  # noqa: E402
-from disco.defaults import DEFAULT_MAX_WINDOW  # noqa: E402
 from disco.cost import CostModel  # noqa: E402
+from disco.defaults import DEFAULT_MAX_WINDOW  # noqa: E402
 from disco.simulate import replay_policy, simulate_many  # noqa: E402
-from disco.train import (DEFAULT_VAL_FRACTION, load_trace_data, policy_table, row_tasks, split_by_prompt,  # noqa: E402
-                         traces_for)
+from disco.train import DEFAULT_VAL_FRACTION, load_trace_data, policy_table, row_tasks, split_by_prompt, traces_for  # noqa: E402
 
 ARTIFACT = ROOT / "models/embedded-qwen2.5-coder"
 SHIPPED = "shipped, as is"
@@ -178,7 +177,8 @@ def main(argv=None) -> dict:
     artifact = load_artifact(args.classifier)
     trained_for = (artifact.manifest.get("pair") or {}).get("target")
     if trained_for and data.pair.get("target") and Path(str(trained_for)).name != Path(str(data.pair["target"])).name:
-        warnings.warn(f"{args.classifier} was trained for {trained_for}, the traces come from {data.pair['target']}")
+        warnings.warn(f"{args.classifier} was trained for {trained_for}, the traces come from {data.pair['target']}",
+                      stacklevel=1)
     results = simulate_profiles(profiles, traces, artifact, args.max_window)
     meta = {"traces": [str(t) for t in args.traces], "prompts": len(traces), "which": args.prompts,
             "classifier": str(args.classifier), "max_window": args.max_window}

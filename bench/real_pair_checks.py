@@ -25,10 +25,11 @@ from disco.artifact import load_artifact
 from disco.classifier import ClassifierPolicy
 from disco.collect import trace_prompt
 from disco.decode import DecodeConfig, speculative_generate, target_generate
-from disco.pair import load_pair
 from disco.options import PairOptions
+from disco.pair import load_pair
 from disco.prompts import load_prompt_sources
-from disco.simulate import prompt_traces, read_traces, replay_policy, simulate_many
+from disco.simulate import prompt_traces, replay_policy, simulate_many
+from disco.trace import read_traces
 
 
 def main() -> None:

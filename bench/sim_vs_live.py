@@ -18,8 +18,9 @@ from pathlib import Path
 
 from disco.artifact import load_artifact
 from disco.compare import cost_model_speedups
-from disco.simulate import prompt_traces, read_traces, replay_policy, simulate_many
 from disco.cost import CostModel
+from disco.simulate import prompt_traces, replay_policy, simulate_many
+from disco.trace import read_traces
 
 
 def factories(labels: list[str], artifacts: dict[str, object], cost: CostModel, max_window: int) -> dict:
@@ -72,7 +73,7 @@ def main(traces: str, compare_json: str, profile: str, *artifact_paths: str) -> 
     print("| policy | live (cost model, pooled) | simulated" + (" (expected) | simulated (sampled outcomes) |"
                                                              if sampled else " |"))
     print("|---|---|---|" + ("---|" if sampled else ""))
-    for label, fac in made.items():
+    for label in made:
         line = f"| {label} | {live[label]['pooled']:.3f} | {expected[label].speedup(cost):.3f} |"
         if sampled:
             line += f" {outcomes[label].speedup(cost):.3f} |"

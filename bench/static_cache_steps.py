@@ -13,8 +13,8 @@ import sys
 import torch
 
 from disco.engines.registry import as_engine
-from disco.pair import load_pair
 from disco.options import PairOptions
+from disco.pair import load_pair
 from disco.profile import _median_time, context_ids
 
 CONTEXT, WIDTHS, REPEATS = 100, (1, 2, 4, 8, 16, 21), 5

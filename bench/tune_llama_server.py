@@ -21,11 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from disco.decode import DecodeConfig  # noqa: E402
-from disco.engines.registry import as_engine# noqa: E402
-from disco.files import atomic_write_json  # noqa: E402
 from disco.engines.llamacpp_server import LlamaServer, server_binary  # noqa: E402
-from disco.pair import load_pair  # noqa: E402
+from disco.engines.registry import as_engine  # noqa: E402
+from disco.files import atomic_write_json  # noqa: E402
 from disco.options import PairOptions
+from disco.pair import load_pair  # noqa: E402
 from disco.prompts import DATA_DIR, load_prompts  # noqa: E402
 
 

@@ -15,8 +15,10 @@ head also reads the draft's hidden state (manifest "hidden": its width and proje
 The manifest records what `disco train` chose (`choice`: the classifier under a rule, or the
 tuned threshold), the rule's tuned parameter, a Platt calibration of P(accept) and the cost
 model. Loading refuses a feature the model reads that this disco does not compute, a model file
-whose sha256 differs from the manifest, a pair other than `expect_pair`, and a head whose
-hidden width differs from that pair's draft.
+whose sha256 differs from the manifest, a manifest whose fields the policy acts on (INTEGRITY_FIELDS)
+differ from the sha256 recorded over them at training (format 2; format 1 artifacts hash the model
+file only), a `columns` list that does not match the model's input width, a pair other than
+`expect_pair`, and a head whose hidden width differs from that pair's draft.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ from disco.errors import DiscoError
 from disco.features import FEATURES
 from disco.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 
-ARTIFACT_FORMAT = 1  # bump when the folder layout changes
+ARTIFACT_FORMAT = 2  # bump when the folder layout changes; 2: integrity_sha256 over INTEGRITY_FIELDS
+# The manifest fields that decide what the policy does (or which pair it may run on): hashed with the
+# model file's sha256 at training, so that an edited manifest is refused like an edited model file.
+# The rest (metrics, speedup tables, training record) is description and may be annotated.
+INTEGRITY_FIELDS = ("format", "kind", "model_file", "model_sha256", "features", "columns", "head", "hidden",
+                    "threshold", "rule", "choice", "calibration", "cost_model", "tuned", "max_window", "sampling",
+                    "pair", "tokenizer_hash")
 MANIFEST = "manifest.json"
 METRICS = "metrics.md"
 MODEL_FILES = {"lightgbm": "model.txt", "logistic": "model.json", "mlp": "model.json", "head": "model.safetensors",
@@ -336,13 +344,30 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _readable(folder: Path, names: Sequence[str]) -> None:
-    """Give our files the folder's read/write bits (atomic writes create them 0600): artifacts
-    are meant to be shared and committed."""
-    mode = folder.stat().st_mode & 0o666
-    for name in names:
-        if (folder / name).is_file():
-            (folder / name).chmod(mode)
+def integrity_sha256(manifest: dict) -> str:
+    """sha256 over the manifest's INTEGRITY_FIELDS (the model file's own sha256 among them)."""
+    payload = {k: manifest.get(k) for k in INTEGRITY_FIELDS}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _modified(file: Path) -> DiscoError:
+    """The one error for an artifact changed after training, whichever file changed."""
+    return DiscoError(f"{file} does not match the sha256 in its manifest: the artifact was modified after training; "
+                      "retrain it or restore the original files")
+
+
+def rehash_artifact(folder: str | Path) -> Path:
+    """Bring an artifact to ARTIFACT_FORMAT with a fresh integrity_sha256, without retraining: for
+    the shipped artifacts written before format 2, and for a manifest edited on purpose. Refuses a
+    model file that no longer matches its recorded sha256 (that is not an upgrade but a change)."""
+    folder = Path(folder)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    if _sha256(folder / manifest["model_file"]) != manifest.get("model_sha256"):
+        raise _modified(folder / manifest["model_file"])
+    manifest["format"] = ARTIFACT_FORMAT
+    manifest["integrity_sha256"] = integrity_sha256(manifest)
+    atomic_write_json(folder / MANIFEST, manifest)
+    return folder
 
 
 def save_artifact(folder: str | Path, model: Model, manifest: dict, report_md: str = "",
@@ -369,7 +394,7 @@ def save_artifact(folder: str | Path, model: Model, manifest: dict, report_md: s
         joblib.dump(model.estimator, model_file)
     if report_md:
         atomic_write_text(folder / METRICS, report_md)
-    atomic_write_json(folder / MANIFEST, {
+    record = {
         "format": ARTIFACT_FORMAT,
         "kind": model.kind,
         "model_file": model_file.name,
@@ -380,8 +405,9 @@ def save_artifact(folder: str | Path, model: Model, manifest: dict, report_md: s
         **({"head": {"activation": model.activation, "hidden_dim": model.hidden_dim}} if model.kind == "head" else {}),
         **manifest,
         "versions": versions(),
-    })
-    _readable(folder, (model_file.name, METRICS, MANIFEST))
+    }
+    record["integrity_sha256"] = integrity_sha256(record)
+    atomic_write_json(folder / MANIFEST, record)
     return folder
 
 
@@ -453,8 +479,14 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
     if not model_file.is_file():
         raise DiscoError(f"{path}: the model file {model_file.name} is missing")
     if _sha256(model_file) != manifest.get("model_sha256"):
-        raise DiscoError(f"{model_file} does not match the sha256 in its manifest: the artifact was modified "
-                         "after training; retrain it or restore the original files")
+        raise _modified(model_file)
+    if not isinstance(manifest.get("format", 1), int):
+        raise DiscoError(f"{path / MANIFEST}: format {manifest.get('format')!r} is not an artifact's: the artifact is damaged")
+    if manifest.get("format", 1) > ARTIFACT_FORMAT:
+        raise DiscoError(f"{path} was written by a newer disco (artifact format {manifest['format']}, this one reads "
+                         f"up to {ARTIFACT_FORMAT}): upgrade disco")
+    if manifest.get("format", 1) >= 2 and manifest.get("integrity_sha256") != integrity_sha256(manifest):
+        raise _modified(path / MANIFEST)
     if expect_pair is not None:
         _check_pair(manifest, expect_pair, path)
     columns = [FEATURES.index(c) for c in used]  # by name: the model's inputs in this disco's FEATURES
@@ -485,4 +517,22 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
         raise
     except Exception as e:  # a model file that passed the hash check but does not parse
         raise DiscoError(f"{model_file} could not be read as a {kind} model: {e}") from None
+    _check_width(path, model, used)
     return Artifact(path, manifest, model)
+
+
+def _check_width(path: Path, model: Model, used: Sequence[str]) -> None:
+    """The manifest's `columns` must be what the model reads: as many (a dropped one would fail at
+    the first prediction) and, where the model file names them (LightGBM), the same in the same order
+    (a reordered list would run silently with other decisions)."""
+    if isinstance(model, LightGBMModel):
+        n, names = model.booster.num_feature(), model.booster.feature_name()
+    elif isinstance(model, DenseModel):
+        n, names = len(model.mean) - model.hidden_dim, None
+    else:
+        n, names = getattr(model.estimator, "n_features_in_", len(used)), None
+    named = names is not None and not all(a.startswith("Column_") for a in names)  # LightGBM's default names
+    if n != len(used) or (named and names != list(used)):
+        what = f"{n} inputs" + (f" ({', '.join(names[:3])}, …)" if named else "")
+        raise DiscoError(f"{path / MANIFEST}: its {len(used)} columns do not match the model's {what}: the artifact "
+                         "is inconsistent; retrain it or restore the original files")

@@ -16,14 +16,50 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from disco.defaults import (DEFAULT_ABLATE, DEFAULT_ANCHOR, DEFAULT_BALANCED, DEFAULT_COMPARE_OUT, DEFAULT_CROSS_TASK,
-                            DEFAULT_DEMO_OUT, DEFAULT_HEAD, DEFAULT_PREPARE_ENGINE, DEFAULT_SEEDS, ADAEDL_LAMBDA, CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CACHE, DEFAULT_CONTEXT,
-                            DEFAULT_CPU_BACKEND, DEFAULT_DEVICE, DEFAULT_DRAFT_COST, DEFAULT_DRAFT_QUANT,
-                            DEFAULT_DTYPE, DEFAULT_ENGINE, DEFAULT_K, DEFAULT_LABELS, DEFAULT_MAX_NEW_TOKENS,
-                            DEFAULT_MAX_WINDOW, DEFAULT_MODEL, DEFAULT_POLICY, DEFAULT_REPEATS, DEFAULT_SEED,
-                            DEFAULT_SHARD_PROMPTS, DEFAULT_TEMPERATURE, DEFAULT_THRESHOLD, DEFAULT_TOP_P,
-                            DEFAULT_TRAIN_SEED, DEFAULT_VAL_FRACTION, DEFAULT_VERIFY, DEFAULT_VERIFY_SLOPE,
-                            DEFAULT_WARMUP, DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK, POLICY_NAMES, SVIP_H)
+from disco.checks import check_options
+from disco.defaults import (
+    ADAEDL_LAMBDA,
+    CPU_BACKEND_HELP,
+    CPU_BACKENDS,
+    DEFAULT_ABLATE,
+    DEFAULT_ANCHOR,
+    DEFAULT_BALANCED,
+    DEFAULT_CACHE,
+    DEFAULT_COMPARE_OUT,
+    DEFAULT_CONTEXT,
+    DEFAULT_CPU_BACKEND,
+    DEFAULT_CROSS_TASK,
+    DEFAULT_DEMO_OUT,
+    DEFAULT_DEVICE,
+    DEFAULT_DRAFT_COST,
+    DEFAULT_DRAFT_QUANT,
+    DEFAULT_DTYPE,
+    DEFAULT_ENGINE,
+    DEFAULT_HEAD,
+    DEFAULT_K,
+    DEFAULT_LABELS,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MAX_WINDOW,
+    DEFAULT_MODEL,
+    DEFAULT_POLICY,
+    DEFAULT_PREPARE_ENGINE,
+    DEFAULT_REPEATS,
+    DEFAULT_SEED,
+    DEFAULT_SEEDS,
+    DEFAULT_SHARD_PROMPTS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_THRESHOLD,
+    DEFAULT_TOP_P,
+    DEFAULT_TRAIN_SEED,
+    DEFAULT_VAL_FRACTION,
+    DEFAULT_VERIFY,
+    DEFAULT_VERIFY_SLOPE,
+    DEFAULT_WARMUP,
+    DEMO_MAX_NEW_TOKENS,
+    DEMO_PER_TASK,
+    POLICY_NAMES,
+    SVIP_H,
+)
 from disco.errors import DiscoError
 from disco.options import PairOptions
 
@@ -197,8 +233,9 @@ def generate(
     options: PairOptions = None,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
+    check_options("generate", locals())
     from disco.decode import generate as run_generate
-    from disco.files import atomic_write_json
+    from disco.files import atomic_write_json, write_or_rescue
     from disco.pair import apply_pair_file, load_pair
     from disco.policies import PolicySpec
     from disco.prompts import Prompt, load_prompt_sources
@@ -228,7 +265,8 @@ def generate(
         records.append({"id": item.id, "task": item.task, "policy": spec.name, "text": text,
                         "token_ids": res.tokens, "stats": res.stats.to_dict()})
     if json_out is not None:
-        atomic_write_json(json_out, {"pair": pair.describe(), "config": config.__dict__, "results": records})
+        result = {"pair": pair.describe(), "config": config.__dict__, "results": records}
+        write_or_rescue(json_out, lambda path: atomic_write_json(path, result), "results file")
         _say(f"wrote {json_out}")
 
 
@@ -238,6 +276,7 @@ def generate(
 def compare(
     prompts: list[str] = typer.Option(..., "--prompts", help="JSONL file(s), shipped set names (code-test,explain-test,write-test) or hf:NAME."),
     out: Path = typer.Option(Path(DEFAULT_COMPARE_OUT), help="Folder for compare.json, table.md and the plots."),
+    overwrite: bool = typer.Option(False, help="Replace --out whole when it is not empty."),
     classifier: Optional[list[str]] = typer.Option(None, help="Trained classifier artifact folder (adds the classifier "
                                                    "policy and the baselines tuned with it). Repeat to add more artifacts as "
                                                    "rows 'classifier (FOLDER NAME)', e.g. the greedy-trained one when sampling."),
@@ -264,6 +303,7 @@ def compare(
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
     (transformers' generate(assistant_model=…) on torch; llama-server -md on llama.cpp). Greedy by
     default; with --temperature, every prompt under --seeds seeds."""
+    check_options("compare", locals())
     from disco.compare import check_seeds, default_entries, format_table, run_compare, select_entries
     from disco.pair import apply_pair_file, load_pair
     from disco.prompts import load_prompt_sources
@@ -321,6 +361,7 @@ def collect(
     min(1, p/q) of each drafted token). Rerun the same command to resume. Several processes split the prompts:
     `accelerate launch --num_processes N cli.py collect …` (GPUs) or
     `torchrun --standalone --nproc_per_node N cli.py collect …` (also on CPU)."""
+    check_options("collect", locals())
     from disco.collect import collect as run_collect
     from disco.collect import distributed, format_summary
     from disco.pair import apply_pair_file, load_pair
@@ -345,6 +386,7 @@ def collect(
 def train(
     traces: list[Path] = typer.Option(..., "--traces", help="Trace folder(s) written by disco collect (repeat for several)."),
     out: Path = typer.Option(..., "--out", help="Artifact folder to write, e.g. models/NAME."),
+    overwrite: bool = typer.Option(False, help="Replace --out whole when it is not empty (never a trace folder)."),
     model: str = typer.Option(DEFAULT_MODEL, help="Classifier: lightgbm, logistic or mlp."),
     profile: Optional[Path] = typer.Option(None, help="Cost model: JSON from disco profile (default: c_d/c_t(1) = "
                                            f"{DEFAULT_DRAFT_COST}, c_t(k)/c_t(1) = 1 + {DEFAULT_VERIFY_SLOPE} (k - 1))."),
@@ -362,6 +404,7 @@ def train(
 ) -> None:
     """Train the stopping classifier under each rule (token, cumulative, cost); tune every rule and baseline
     by simulated speedup on validation prompts, and ship the fastest (or the tuned threshold if it wins)."""
+    check_options("train", locals())
     from disco.train import TrainConfig
     from disco.train import train as run_train
 
@@ -382,7 +425,8 @@ def profile(
     options: PairOptions = None,
 ) -> None:
     """Measure the pair's cost model on this machine: draft step c_d, target verification c_t(k)."""
-    from disco.files import atomic_write_json
+    check_options("profile", locals())
+    from disco.files import atomic_write_json, write_or_rescue
     from disco.pair import load_pair
     from disco.profile import default_profile_path, format_profile, profile_pair
 
@@ -390,8 +434,8 @@ def profile(
     pair = load_pair(options)
     result = profile_pair(pair, max_window, context, repeats, warmup)
     path = out if out is not None else default_profile_path(pair)
-    atomic_write_json(path, result)
-    typer.echo(format_profile(result))
+    typer.echo(format_profile(result))  # first: a failed write below then loses nothing
+    write_or_rescue(path, lambda p: atomic_write_json(p, result), "profile")
     _say(f"wrote {path} (use it with: disco train --profile {path})")
 
 
@@ -407,6 +451,7 @@ def demo(
     speculative decoding on 3 held-out prompts (llama.cpp engine: about 3 min on 2 CPU cores;
     --engine torch: about 8 min). --full first traces 60 train prompts, profiles the pair and trains
     (llama.cpp: about 8 min in all; torch: about 22 min)."""
+    check_options("demo", locals())
     from disco.demo import run_demo
 
     run_demo(out, full=full, per_task=per_task, max_new_tokens=max_new_tokens, engine=engine)
@@ -457,3 +502,8 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except OSError as e:  # the last net: a file error the commands did not foresee is still one line
+        from disco.files import cause
+
+        typer.echo(f"error: {e.filename or 'a file'}: {cause(e)}: check the path, its permissions and the disk", err=True)
+        sys.exit(2)

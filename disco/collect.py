@@ -21,11 +21,16 @@ a hidden temporary name and renamed, so a killed run never leaves a partial shar
 complete; the prompt ids inside the finished shards are the done-list a rerun resumes from.
 Several processes (torchrun / accelerate launch) each take prompts i with i % world == rank and
 write their own shards; the folder then holds the rows of a single-process run.
+
+One run writes a folder at a time (`folder_lock`: flock on OUT/.lock, so a second `disco collect`
+into it says it is busy); a prompt found in two shards is refused (trace.check_unique), and an
+unreadable shard is set aside under a hidden name until its prompts are traced again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -50,17 +55,24 @@ import torch
 
 import disco
 from disco.decode import DecodeConfig, target_generate, warp
+from disco.defaults import DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
 from disco.engines.base import numeric_identity
 from disco.engines.registry import teacher_forced
-from disco.defaults import DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
 from disco.errors import DiscoError
-from disco.features import (FEATURES, WindowState, entropy, hidden_info, hidden_projection, token_class_table,
-                            token_features)
-from disco.files import atomic_write_json
+from disco.features import (
+    FEATURES,
+    WindowState,
+    entropy,
+    hidden_info,
+    hidden_projection,
+    token_class_table,
+    token_features,
+)
+from disco.files import atomic_write_json, current_umask, os_error
 from disco.pair import Pair
 from disco.prompts import Prompt
 from disco.rounds import window_limit
-from disco.trace import COLUMNS, HIDDEN_COLUMN, MANIFEST, signals_at
+from disco.trace import COLUMNS, HIDDEN_COLUMN, MANIFEST, check_unique, signals_at
 
 # bump when the layout or the meaning of a column changes; /2 added the target-side signal columns
 # and the draft's hidden state, /3 sampled traces and target_prob_target (older traces stay readable
@@ -70,7 +82,8 @@ DATA = "data"  # the shards' subfolder: a folder of Parquet files only, so any P
 SHARD_GLOB = "part-r*.parquet"
 _SHARD_RE = re.compile(r"part-r(\d+)-(\d+)\.parquet")
 _TMP_PREFIX = ".part-"  # hidden and not *.parquet: no reader globbing the folder sees a partial shard
-_DAMAGED_PREFIX = ".damaged-"  # an unreadable shard, set aside (hidden: no reader globs it)
+_DAMAGED_PREFIX = ".damaged-"  # an unreadable shard, set aside (hidden: trace.read_traces skips it) until its prompts are redone
+LOCK = ".lock"  # flock'ed by the one run writing the folder (rank 0); other ranks hold .lock-rNNN
 
 TRACE_COLUMNS: tuple[str, ...] = COLUMNS
 _INT_COLUMNS = ("gen_pos", "window_id", "label", "draft_token", "target_token")
@@ -399,8 +412,7 @@ def prepare_out_dir(out_dir: Path, manifest: dict, overwrite: bool) -> None:
 
     Only this module's files are ever deleted (shards, temporary shards, the manifest), so a
     mistyped --out with --overwrite cannot wipe anything else."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DiscoError(f"--out {out_dir} is a file: give a folder for the trace")
+    check_trace_out(out_dir)
     shards = shard_files(out_dir)
     old = None if overwrite else read_manifest(out_dir)
     if old is not None:
@@ -413,13 +425,42 @@ def prepare_out_dir(out_dir: Path, manifest: dict, overwrite: bool) -> None:
         raise DiscoError(f"{out_dir} holds trace shards but no {MANIFEST}: choose another --out, or pass "
                          "--overwrite to replace them")
     temps = list((out_dir / DATA).glob(f"{_TMP_PREFIX}*"))  # leftovers of a killed run: never complete
-    for path in temps + (shards if overwrite else []):
+    for path in temps + (shards + damaged_files(out_dir) if overwrite else []):
         path.unlink()
     if not overwrite:
         set_aside_damaged(out_dir)
     if old is None:
         atomic_write_json(out_dir / MANIFEST, manifest)
     (out_dir / DATA).mkdir(exist_ok=True)
+
+
+def check_trace_out(out_dir: Path) -> None:
+    """--out can hold traces: a new or empty folder, or one `disco collect` wrote. Anything else (a
+    file, an artifact, someone's folder) is refused even with --overwrite, which only ever replaces
+    traces."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DiscoError(f"--out {out_dir} is a file: give a folder for the trace")
+    if not out_dir.is_dir():
+        return
+    manifest = out_dir / MANIFEST
+    if manifest.is_file():
+        try:
+            fmt = str(json.loads(manifest.read_text(encoding="utf-8")).get("format", ""))
+        except (ValueError, AttributeError, OSError):
+            return  # a torn manifest: read_manifest explains
+        if not fmt.startswith("disco-trace"):
+            raise DiscoError(f"--out {out_dir} holds a {MANIFEST} that is not a trace's (a classifier artifact?): "
+                             "choose another --out for the traces")
+        return
+    ours = {DATA, LOCK}
+    others = sorted(p.name for p in out_dir.iterdir() if p.name not in ours and not p.name.startswith(f"{LOCK}-r"))
+    if others:
+        raise DiscoError(f"--out {out_dir} is not empty and holds no traces ({', '.join(others[:3])}"
+                         f"{', …' if len(others) > 3 else ''}): choose a new or empty folder for the traces")
+
+
+def damaged_files(out_dir: Path) -> list[Path]:
+    return sorted((out_dir / DATA).glob(f"{_DAMAGED_PREFIX}*"))
 
 
 def set_aside_damaged(out_dir: Path) -> list[Path]:
@@ -430,7 +471,7 @@ def set_aside_damaged(out_dir: Path) -> list[Path]:
         try:
             pq.read_table(path, columns=["prompt_id"])
         except (pa.ArrowException, OSError) as e:
-            aside = path.with_name(f"{_DAMAGED_PREFIX}{path.name}")
+            aside = path.with_name(f"{_DAMAGED_PREFIX}{path.name}")  # removed once every prompt is traced
             path.rename(aside)
             print(f"disco collect: {path} is damaged ({str(e).splitlines()[0]}); set aside as {aside.name}, "
                   "its prompts are traced again", file=sys.stderr)
@@ -456,21 +497,11 @@ def _read_shards(out_dir: Path, columns: Sequence[str], dictionary: Sequence[str
 
 
 def _done_ids(out_dir: Path) -> set[str]:
-    column = _read_shards(out_dir, ["prompt_id"]).column("prompt_id")
-    return set(pc.unique(column).to_pylist())
-
-
-def load_traces(out_dir: str | Path, columns: Sequence[str] | None = None):
-    """The trace of a folder as a pandas DataFrame, rows sorted by (prompt_id, gen_pos).
-
-    Same rows as `datasets.load_dataset("parquet", data_files=f"{out_dir}/data/*.parquet")`."""
-    out_dir = Path(out_dir)
-    if read_manifest(out_dir) is None:
-        raise DiscoError(f"{out_dir} is not a trace folder (no {MANIFEST}): run `disco collect --out {out_dir}` first")
-    df = _read_shards(out_dir, columns or TRACE_COLUMNS).to_pandas()
-    if {"prompt_id", "gen_pos"} <= set(df.columns):
-        df = df.sort_values(["prompt_id", "gen_pos"], kind="stable").reset_index(drop=True)
-    return df
+    """The prompts of the finished shards; a prompt in two shards is refused (trace.check_unique)."""
+    per_file = [(f, pc.unique(pq.read_table(f, columns=["prompt_id"]).column("prompt_id")).to_pylist())
+                for f in shard_files(out_dir)]
+    check_unique(out_dir, per_file)
+    return {pid for _, ids in per_file for pid in ids}
 
 
 def summarize(df) -> dict:
@@ -539,6 +570,7 @@ class _ShardWriter:
             os.close(fd)
             try:
                 pq.write_table(pa.concat_tables(self.tables), tmp)
+                os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp's 0600 would hide the trace from the group
                 os.replace(tmp, final)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
@@ -625,17 +657,100 @@ def collect(
     out_dir = Path(out_dir)
     encoded = encode_prompts(pair, prompts, config, chat)  # every check before the first write
     manifest = build_manifest(pair, prompts, config, chat, sources)
-    dist.main_first(lambda: prepare_out_dir(out_dir, manifest, overwrite), lambda: check_out_dir(out_dir, manifest))
+    check_trace_out(out_dir)
+    stats = CollectStats(dist.rank, dist.world, len(prompts))
+    with contextlib.ExitStack() as held:
+        try:
+            def prepare() -> None:  # rank 0
+                held.enter_context(folder_lock(out_dir, dist))
+                prepare_out_dir(out_dir, manifest, overwrite)
 
-    done = _done_ids(out_dir)
-    mine = dist.mine(len(prompts))
-    todo = round_robin([i for i in mine if prompts[i].id not in done], [p.task for p in prompts])
-    stats = CollectStats(dist.rank, dist.world, len(prompts), len(mine), len(mine) - len(todo))
-    if todo:
-        _run(pair, prompts, encoded, todo, out_dir, config, dist, shard_prompts, flush_s, progress, stats)
-    stats.manifest = _finalize(out_dir, len(prompts))
+            def join() -> None:  # the other ranks, once rank 0 prepared the folder
+                held.enter_context(folder_lock(out_dir, dist))
+                check_out_dir(out_dir, manifest)
+
+            dist.main_first(prepare, join)
+            done = _done_ids(out_dir)
+            mine = dist.mine(len(prompts))
+            todo = round_robin([i for i in mine if prompts[i].id not in done], [p.task for p in prompts])
+            stats.prompts_mine, stats.prompts_skipped = len(mine), len(mine) - len(todo)
+            if todo:
+                _run(pair, prompts, encoded, todo, out_dir, config, dist, shard_prompts, flush_s, progress, stats)
+            stats.manifest = _finalize(out_dir, len(prompts))
+            if stats.manifest is not None:  # every prompt traced, those of set-aside shards too: drop them
+                for path in damaged_files(out_dir):
+                    path.unlink(missing_ok=True)
+        except OSError as e:  # a full disk, a folder made read-only: the shards written so far stay
+            raise os_error(e, out_dir, f"the {stats.prompts_skipped + stats.prompts_traced} prompts traced so far "
+                           "are kept there: fix it and rerun the same command to resume") from None
     stats.wall_s = time.perf_counter() - t0
     return stats
+
+
+def _lock_token(dist: Dist) -> str:
+    """Who holds the folder: this process, or (torchrun, accelerate launch) this launch, whose ranks
+    share the launcher's run id (or parent process)."""
+    if dist.world == 1:
+        return f"pid {os.getpid()} on {platform.node()}"
+    return f"launch {os.environ.get('TORCHELASTIC_RUN_ID') or os.getppid()} on {platform.node()}"
+
+
+def _busy(out_dir: Path, holder: str) -> DiscoError:
+    return DiscoError(f"--out {out_dir} is busy: another disco collect ({holder or 'another process'}) is writing "
+                      "into it; wait for it to end (then rerun to resume), or choose another --out")
+
+
+def _try_flock(fh) -> bool:
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextlib.contextmanager
+def folder_lock(out_dir: Path, dist: Dist = Dist()) -> Iterator[None]:
+    """One run writes a trace folder at a time. Rank 0 holds an exclusive flock on OUT/.lock for the
+    whole run (released if the process dies) with its launch's token inside; every other rank checks
+    that token (so the ranks of a second launch stop too) and holds OUT/.lock-rNNN, which rank 0 of a
+    later run must find free (a rank may still be writing after rank 0 ended)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    token = _lock_token(dist)
+    with contextlib.ExitStack() as stack:
+        if dist.rank == 0:
+            fh = stack.enter_context(open(out_dir / LOCK, "a+"))
+            if not _try_flock(fh):
+                fh.seek(0)
+                raise _busy(out_dir, fh.read().strip())
+            for other in out_dir.glob(f"{LOCK}-r*"):
+                with open(other, "a+") as oh:
+                    if not _try_flock(oh):
+                        raise _busy(out_dir, f"rank {other.name.rsplit('-r', 1)[-1].lstrip('0') or '0'} of an earlier launch")
+                    fcntl.flock(oh, fcntl.LOCK_UN)
+            fh.seek(0)
+            fh.truncate()
+            fh.write(token + "\n")
+            fh.flush()
+        else:
+            holder = (out_dir / LOCK).read_text().strip() if (out_dir / LOCK).is_file() else ""
+            if holder != token:
+                raise _busy(out_dir, holder)
+            fh = stack.enter_context(open(out_dir / f"{LOCK}-r{dist.rank:03d}", "a+"))
+            if not _try_flock(fh):
+                raise _busy(out_dir, f"rank {dist.rank} of another launch")
+        yield
+
+
+def probe_lock(out_dir: Path) -> None:
+    """Before the models load: refuse a folder another run holds now (collect takes the lock itself later)."""
+    lock = out_dir / LOCK
+    if not lock.is_file():
+        return
+    with open(lock, "a+") as fh:
+        if not _try_flock(fh):
+            fh.seek(0)
+            raise _busy(out_dir, fh.read().strip())
+        fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _run(pair: Pair, prompts: Sequence[Prompt], encoded: list[list[int]], todo: list[int], out_dir: Path,

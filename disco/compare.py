@@ -24,12 +24,12 @@ from typing import Sequence
 import torch
 
 from disco.cost import CostModel
-from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H
 from disco.decode import DecodeConfig, GenResult, GenStats, generate, target_generate, warp
+from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H
 from disco.engines.base import Anchor, Variant
 from disco.engines.registry import ANCHOR_NAMES, teacher_forced
 from disco.errors import DiscoError
-from disco.files import atomic_write_json, atomic_write_text
+from disco.files import atomic_write_json, atomic_write_text, write_dir
 from disco.pair import Pair
 from disco.policies import PolicySpec
 from disco.prompts import Prompt
@@ -160,6 +160,8 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     write compare.json, table.md and plots into out_dir."""
     sampled = config.temperature > 0
     check_seeds(seeds, config.temperature)
+    if not entries:
+        raise DiscoError("no policy row to run beside target-only: choose rows with --policies (or drop it)")
     greedy_only = sorted({e.spec.name for e in entries if e.spec is not None and e.spec.kind.greedy_only})
     if sampled and greedy_only:
         raise DiscoError(f"the {', '.join(greedy_only)} policy is defined for greedy decoding only: leave it out of "
@@ -201,13 +203,15 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     result = {"pair": pair.describe(), "config": config.__dict__, "n_prompts": len(prompts), "seeds": seeds,
               "compile_s": compile_s, "reference": TARGET_LABEL,
               "anchors": [e.label for e in entries if e.anchor], "summary": summary, "prompts": per_prompt}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / "compare.json", result)
-    atomic_write_text(out_dir / "table.md", format_table(summary) + "\n")
-    if plots:
-        from disco.plots import write_plots
+    def fill(folder: Path) -> None:  # a new folder replacing the old whole: no stale plot stays
+        atomic_write_json(folder / "compare.json", result)
+        atomic_write_text(folder / "table.md", format_table(summary) + "\n")
+        if plots:
+            from disco.plots import write_plots
 
-        write_plots(result, out_dir)
+            write_plots(result, folder)
+
+    write_dir(out_dir, fill, "comparison")
     return result
 
 

@@ -17,7 +17,6 @@ from disco.errors import DiscoError
 from disco.stats import GenStats
 
 
-
 @dataclass(frozen=True)
 class CostModel:
     """time = sum over rounds of c_t(k_i) + draft forwards * c_d, where k_i = drafted + 1 is

@@ -12,8 +12,8 @@ from disco.compare import default_entries, format_table, run_compare, tuned_from
 from disco.decode import DecodeConfig
 from disco.defaults import DEFAULT_ENGINE, DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK, FULL_TRAIN_PER_TASK
 from disco.errors import DiscoError
-from disco.pair import load_pair
 from disco.options import PairOptions
+from disco.pair import load_pair
 from disco.prompts import DATA_DIR, load_prompts
 
 REPO_DIR = Path(__file__).resolve().parent.parent

@@ -10,8 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from disco.defaults import (DEFAULT_CACHE, DEFAULT_CPU_BACKEND, DEFAULT_DEVICE, DEFAULT_DRAFT_QUANT, DEFAULT_DTYPE,
-                            DEFAULT_ENGINE, DEFAULT_VERIFY)
+from disco.defaults import (
+    DEFAULT_CACHE,
+    DEFAULT_CPU_BACKEND,
+    DEFAULT_DEVICE,
+    DEFAULT_DRAFT_QUANT,
+    DEFAULT_DTYPE,
+    DEFAULT_ENGINE,
+    DEFAULT_VERIFY,
+)
 
 
 @dataclass(frozen=True)

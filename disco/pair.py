@@ -7,14 +7,13 @@ given, the embedded Qwen2.5-Coder pair is prepared (once) and loaded from the lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, fields
 
 import torch
 
 from disco.engines.base import PairParts
 from disco.engines.registry import as_engine, load_parts
-from disco.hub import eos_ids, encode_prompt, tokenizer_hash
+from disco.hub import encode_prompt, eos_ids, tokenizer_hash
 from disco.options import PairOptions
 from disco.pair_files import PAIR_CONFIG_KEYS, apply_pair_file, load_pair_config
 

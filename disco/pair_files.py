@@ -9,7 +9,6 @@ from disco.defaults import DEFAULT_DTYPE, DTYPE_NAMES
 from disco.errors import DiscoError
 from disco.options import PairOptions
 
-
 PAIR_CONFIG_KEYS = {
     "target": "target model: HF model id, local folder or .gguf file (required)",
     "draft": "draft model sharing the target's tokenizer (required)",

@@ -10,7 +10,6 @@ matplotlib.use("Agg")  # files only: CI and servers have no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-
 def write_plots(result: dict, out_dir: Path) -> list[Path]:
     """The plots of a compare result (compare.run_compare: its "reference" row is target-only decoding,
     its "anchors" the engines' own decoding, whose windows are not known)."""

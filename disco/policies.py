@@ -14,11 +14,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from disco.classifier import ClassifierPolicy
-from disco.defaults import (ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_POLICY, DEFAULT_RULE,
-                            DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H)
+from disco.defaults import (
+    ADAEDL_LAMBDA,
+    DEFAULT_K,
+    DEFAULT_MAX_WINDOW,
+    DEFAULT_POLICY,
+    DEFAULT_RULE,
+    DEFAULT_THRESHOLD,
+    POLICY_NAMES,
+    SVIP_H,
+)
 from disco.errors import DiscoError
-from disco.policy import (AdaEDLPolicy, ConstantPolicy, HeuristicPolicy, OraclePolicy, StoppingPolicy, SVIPPolicy,
-                          ThresholdPolicy)
+from disco.policy import (
+    AdaEDLPolicy,
+    ConstantPolicy,
+    HeuristicPolicy,
+    OraclePolicy,
+    StoppingPolicy,
+    SVIPPolicy,
+    ThresholdPolicy,
+)
 
 if TYPE_CHECKING:
     from disco.classifier import Predictor

@@ -26,11 +26,21 @@ from typing import Any, Callable, Generator, Protocol, Sequence
 
 import torch
 
-from disco.defaults import (ADAEDL_ALPHA, ADAEDL_BETA1, ADAEDL_BETA2, ADAEDL_EPS, ADAEDL_GAMMA, ADAEDL_LAMBDA,
-                            DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_C, SVIP_H)
+from disco.defaults import (
+    ADAEDL_ALPHA,
+    ADAEDL_BETA1,
+    ADAEDL_BETA2,
+    ADAEDL_EPS,
+    ADAEDL_GAMMA,
+    ADAEDL_LAMBDA,
+    DEFAULT_K,
+    DEFAULT_MAX_WINDOW,
+    DEFAULT_THRESHOLD,
+    SVIP_C,
+    SVIP_H,
+)
 from disco.errors import DiscoError
 from disco.features import TargetSignals, entropy, token_features
-
 
 
 @dataclass

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import torch
 
-
+from disco.cost import CostModel
+from disco.defaults import DEFAULT_CONTEXT, DEFAULT_MAX_WINDOW, DEFAULT_REPEATS, DEFAULT_WARMUP
+from disco.embedded import EMBEDDED_NAME
 from disco.engines.base import Session, sync
 from disco.engines.registry import as_engine
 from disco.errors import DiscoError
-from disco.embedded import EMBEDDED_NAME
 from disco.pair import Pair
-from disco.defaults import DEFAULT_CONTEXT, DEFAULT_MAX_WINDOW, DEFAULT_REPEATS, DEFAULT_WARMUP
-from disco.cost import CostModel
 
 # The context: ordinary code, repeated until it has enough tokens.
 _CONTEXT_TEXT = (

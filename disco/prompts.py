@@ -25,6 +25,8 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
     path = Path(path)
     if limit is not None and limit < 1:
         raise DiscoError(f"--limit must be at least 1 (got {limit})")
+    if path.is_dir():
+        raise DiscoError(f"--prompts {path} is a folder: give a JSONL file in it (one {{id, task, prompt}} per line)")
     if not path.is_file():
         shipped = sorted(p.name for p in DATA_DIR.glob("*.jsonl")) if DATA_DIR.is_dir() else []
         hint = f" (shipped sets: {', '.join(shipped)})" if shipped else ""
@@ -51,6 +53,8 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
         if not isinstance(text, (str, list)):
             raise DiscoError(f"{path}:{n}: \"prompt\" must be text (or \"messages\" a list of {{role, content}})")
         pid = str(row["id"])
+        if isinstance(text, str) and not text.strip():
+            raise DiscoError(f"{path}:{n}: prompt {pid!r} is empty (only whitespace): give it some text or drop the line")
         if pid in seen:
             raise DiscoError(f"{path}:{n}: duplicate id {pid!r}: ids must be unique")
         seen.add(pid)

@@ -45,10 +45,8 @@ with the noise of the accept/reject draws removed (what tuning uses).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,7 +60,7 @@ from disco.policies import BuildContext, PolicySpec
 from disco.policy import StoppingPolicy
 from disco.rounds import Decisions, draft_window, end_round, leading_run, window_limit
 from disco.stats import GenStats
-from disco.trace import HIDDEN_COLUMN, MANIFEST, signals_at
+from disco.trace import HIDDEN_COLUMN, signals_at
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -108,71 +106,6 @@ class PromptTrace:
         if self.signal_cols is None:
             return None
         return signals_at(*self.signal_cols[j], rejected)
-
-
-@dataclass
-class TraceSource:
-    """The rows of one trace folder (or Parquet file) and the manifest beside them."""
-
-    path: Path
-    rows: pd.DataFrame
-    manifest: dict | None  # manifest.json as `disco collect` writes it; None when absent
-
-    @property
-    def sampling(self) -> dict:
-        """The decoding the traces were collected under: {temperature, top_p} (greedy: 0 and 1)."""
-        gen = (self.manifest or {}).get("generation") or {}
-        return {"temperature": float(gen.get("temperature", 0.0)), "top_p": float(gen.get("top_p", 1.0))}
-
-    @property
-    def max_new_tokens(self) -> int | None:
-        """The generation budget the traces were collected with, if the manifest records it."""
-        m = self.manifest or {}
-        for where in (m, m.get("generation"), m.get("config"), m.get("settings")):
-            if isinstance(where, dict) and isinstance(where.get("max_new_tokens"), int):
-                return where["max_new_tokens"]
-        return None
-
-
-def _read_shard(file: Path, folder: Path) -> pd.DataFrame:
-    import pandas as pd
-    import pyarrow as pa
-
-    try:
-        return pd.read_parquet(file)
-    except (pa.ArrowException, OSError) as e:
-        raise DiscoError(f"{file} is damaged or truncated ({str(e).splitlines()[0]}): rerun the disco collect "
-                         f"command that wrote {folder}; it sets the shard aside and traces its prompts again") from None
-
-
-def read_traces(paths: Iterable[str | Path]) -> list[TraceSource]:
-    """Read trace folders (Parquet shards + manifest.json, as `disco collect` writes them) or
-    single Parquet files."""
-    import pandas as pd
-
-    sources = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            files, manifest = sorted(path.rglob("*.parquet")), path / MANIFEST
-        elif path.is_file() and path.suffix == ".parquet":
-            files, manifest = [path], path.parent / MANIFEST
-        else:
-            raise DiscoError(f"no trace folder or .parquet file at {path} (make traces with: disco collect)")
-        if not files:
-            raise DiscoError(f"{path} holds no .parquet trace shards (make traces with: disco collect)")
-        meta = None
-        if manifest.is_file():
-            try:
-                meta = json.loads(manifest.read_text())
-            except ValueError as e:
-                raise DiscoError(f"{manifest} is not valid JSON: {e}") from None
-        rows = pd.concat([_read_shard(f, path) for f in files], ignore_index=True)
-        sources.append(TraceSource(path, rows, meta))
-    if not sources:
-        raise DiscoError("no traces given: pass --traces FOLDER (written by disco collect)")
-    if all(src.rows.empty for src in sources):
-        raise DiscoError("the traces hold no rows")
-    return sources
 
 
 def check_columns(df: pd.DataFrame, needed: Sequence[str], what: str = "the simulator") -> None:

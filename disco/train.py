@@ -37,15 +37,35 @@ import numpy as np
 
 from disco.artifact import Calibrated, Calibration, DenseModel, LightGBMModel, Model, save_artifact
 from disco.classifier import RULES
+from disco.cost import CostModel
+from disco.defaults import (
+    DEFAULT_ABLATE,
+    DEFAULT_BALANCED,
+    DEFAULT_CROSS_TASK,
+    DEFAULT_HEAD,
+    DEFAULT_LABELS,
+    DEFAULT_MODEL,
+    DEFAULT_TRAIN_SEED,
+    DEFAULT_VAL_FRACTION,
+    LABELS,
+    MODEL_KINDS,
+)
 from disco.engines.base import numeric_identity
-from disco.defaults import (DEFAULT_ABLATE, DEFAULT_BALANCED, DEFAULT_CROSS_TASK, DEFAULT_HEAD, DEFAULT_LABELS, DEFAULT_MODEL, DEFAULT_TRAIN_SEED, DEFAULT_VAL_FRACTION, LABELS,
-                            MODEL_KINDS)
 from disco.errors import DiscoError
 from disco.features import DISCO_FEATURES, FEATURES, TARGET_SIGNALS
+from disco.files import check_out_dir, write_dir
 from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H
-from disco.simulate import SIGNAL_COLUMNS, PromptTrace, SimResult, check_columns, prompt_traces, read_traces, replay_policy, signal_columns, simulate_many
-from disco.cost import CostModel
-from disco.trace import HIDDEN_COLUMN
+from disco.simulate import (
+    SIGNAL_COLUMNS,
+    PromptTrace,
+    SimResult,
+    check_columns,
+    prompt_traces,
+    replay_policy,
+    signal_columns,
+    simulate_many,
+)
+from disco.trace import HIDDEN_COLUMN, read_traces
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -644,10 +664,12 @@ def train(cfg: TrainConfig) -> TrainReport:
         raise DiscoError(f"unknown --labels {cfg.labels!r}: choose one of {', '.join(LABELS)}")
     cost = CostModel.load(cfg.profile) if cfg.profile is not None else CostModel.default(cfg.max_window)
     cost.verify(cfg.max_window + 1)  # fail now, not after training, if the profile is too short
+    check_out_dir(cfg.out, "--out", True, "artifact")  # a file or a trace folder is refused before any work
     data = load_trace_data(cfg.traces)
     rows = data.rows
     train_mask, val_mask = split_by_prompt(rows["prompt_id"].to_numpy(), cfg.val_fraction, cfg.seed,
                                            row_tasks(rows))
+    check_split(rows, train_mask, val_mask)
     drafted = rows["oracle_drafted"].to_numpy(bool)
     X = rows[list(FEATURES)].to_numpy(np.float64)
     y = rows["label"].to_numpy(int)
@@ -707,7 +729,7 @@ def train(cfg: TrainConfig) -> TrainReport:
     report = TrainReport(cfg.out, threshold, metrics, table, importance, cost, abl, split, tasks, cross, choice,
                          model_metrics, decoding)
     calibration = models[best.model_name].calibration
-    save_artifact(cfg.out, raw[best.model_name], {
+    record = {
         "threshold": threshold,  # the parameter of `rule` (a P(accept) threshold for the token rule)
         "rule": best.rule,
         "choice": choice,
@@ -743,5 +765,21 @@ def train(cfg: TrainConfig) -> TrainReport:
         "ablation": abl,
         "per_task": tasks,
         "cross_task": cross,
-    }, report.markdown())
+    }
+    # The folder is replaced whole (no stale model file of another kind stays), or, when it cannot be
+    # written, the finished artifact goes to a temporary folder that the error names.
+    write_dir(cfg.out, lambda tmp: save_artifact(tmp, raw[best.model_name], record, report.markdown()), "artifact")
     return report
+
+
+def check_split(rows: pd.DataFrame, train_mask: np.ndarray, val_mask: np.ndarray) -> None:
+    """Both sides of the split need drafted rows of some prompt: say how many prompts that takes."""
+    drafted = rows["oracle_drafted"].to_numpy(bool)
+    if (train_mask & drafted).any() and (val_mask & drafted).any():
+        return
+    tasks = row_tasks(rows)
+    per_task = {t: len(set(rows.loc[tasks == t, "prompt_id"])) for t in sorted(set(tasks.tolist()))}
+    shown = ", ".join(f"{n} of task {t or '(none)'}" for t, n in per_task.items())
+    raise DiscoError(f"the traces hold too few prompts to split by prompt ({shown}): training needs at least 2 "
+                     "prompts of one task with drafted tokens (one to fit, one to validate), and more for useful "
+                     "metrics: collect more prompts")

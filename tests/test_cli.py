@@ -6,9 +6,9 @@ import sys
 
 import pytest
 import torch
+from tiny import char_tokenizer, save_tiny, tiny_pair
 
 from disco.cli import main
-from tiny import char_tokenizer, save_tiny, tiny_pair
 
 CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 
@@ -65,8 +65,9 @@ def test_single_prompt_is_tokenized_as_the_tokenizer_does(folders, tmp_path, cap
     code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hello", "--policy", "constant",
                        "--max-new-tokens", 5, "--json", tmp_path / "o.json")
     assert code == 0, err
-    from disco.decode import DecodeConfig, target_generate
     from transformers import AutoModelForCausalLM
+
+    from disco.decode import DecodeConfig, target_generate
 
     model = AutoModelForCausalLM.from_pretrained(t)
     ref = target_generate(model, char_tokenizer()("hello")["input_ids"], DecodeConfig(max_new_tokens=5)).tokens

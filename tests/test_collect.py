@@ -13,19 +13,18 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_cli import cli
+from tiny import VOCAB, char_tokenizer, save_tiny, tiny_pair
 
 import disco.collect as collect_mod
-from disco.collect import (TRACE_COLUMNS, collect, load_traces, oracle_windows, read_manifest,
-                           teacher_forced_trace)
+from disco.collect import TRACE_COLUMNS, collect, oracle_windows, read_manifest, teacher_forced_trace
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
-from disco.trace import HIDDEN_COLUMN
 from disco.features import FEATURES, WindowState, token_class_table, token_features, top_probs
 from disco.pair import pair_from_models
 from disco.policy import OraclePolicy
 from disco.prompts import Prompt, load_prompt_sources
-from test_cli import cli
-from tiny import VOCAB, char_tokenizer, save_tiny, tiny_pair
+from disco.trace import HIDDEN_COLUMN, read_trace_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN_INFO = ["gen_pos", "window_id", "oracle_drafted", "label", "draft_token", "target_token"]
@@ -183,11 +182,11 @@ def test_collect_writes_parquet_and_manifest(pair32, tmp_path, monkeypatch):
     out = tmp_path / "traces"
     stats = collect(pair32, prompts, out, CONFIG, shard_prompts=2, progress=False, sources=["a.jsonl", "b.jsonl"])
     assert stats.prompts_traced == 5 and stats.rows == 5 * 12 and stats.tokens == 60
-    assert sorted(p.name for p in out.iterdir()) == ["data", "manifest.json"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["data", "manifest.json"]
     shards = sorted(p.name for p in (out / "data").iterdir())
     assert shards == ["part-r000-000000.parquet", "part-r000-000001.parquet", "part-r000-000002.parquet"]
 
-    df = load_traces(out)
+    df = read_trace_rows(out)
     assert len(df) == 60 and list(df.columns) == list(TRACE_COLUMNS)
     assert sorted(set(df["prompt_id"])) == sorted(p.id for p in prompts)
     # each prompt is its own trace: identical to tracing it alone
@@ -232,14 +231,14 @@ def test_sigterm_keeps_the_finished_prompts(pair32, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         collect(pair32, prompts, out, CONFIG, shard_prompts=10, progress=False)
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is the collector's only while it runs
-    assert set(load_traces(out)["prompt_id"]) == {p.id for p in prompts[:3]}
+    assert set(read_trace_rows(out)["prompt_id"]) == {p.id for p in prompts[:3]}
 
 
 def test_rerun_after_interruptions_gives_the_same_rows(pair32, tmp_path, monkeypatch):
     prompts = make_prompts(7)
     ref = tmp_path / "ref"
     collect(pair32, prompts, ref, CONFIG, shard_prompts=2, progress=False)
-    expected = load_traces(ref)
+    expected = read_trace_rows(ref)
 
     out = tmp_path / "out"
     real_trace, calls = collect_mod.teacher_forced_trace, []
@@ -254,7 +253,7 @@ def test_rerun_after_interruptions_gives_the_same_rows(pair32, tmp_path, monkeyp
     monkeypatch.setattr(collect_mod, "teacher_forced_trace", ctrl_c_at_4th_prompt)
     with pytest.raises(KeyboardInterrupt):
         collect(pair32, prompts, out, CONFIG, shard_prompts=2, progress=False)
-    assert set(load_traces(out)["prompt_id"]) == {p.id for p in prompts[:3]}
+    assert set(read_trace_rows(out)["prompt_id"]) == {p.id for p in prompts[:3]}
     assert not read_manifest(out)["status"]["complete"]
 
     # 2. Killed while writing a shard: a partial temporary file, never read as a shard.
@@ -270,18 +269,18 @@ def test_rerun_after_interruptions_gives_the_same_rows(pair32, tmp_path, monkeyp
         collect(pair32, prompts, out, CONFIG, shard_prompts=2, progress=False)
     monkeypatch.setattr(collect_mod.pq, "write_table", real_write)
     (out / "data" / ".part-r000-leftover.tmp").write_bytes(b"PAR1 torn")  # as a SIGKILL mid-write leaves it
-    assert set(load_traces(out)["prompt_id"]) == {p.id for p in prompts[:3]}
+    assert set(read_trace_rows(out)["prompt_id"]) == {p.id for p in prompts[:3]}
 
     # 3. The rerun finishes: exactly the rows of the uninterrupted run, no prompt twice.
     stats = collect(pair32, prompts, out, CONFIG, shard_prompts=2, progress=False)
     assert (stats.prompts_skipped, stats.prompts_traced) == (3, 4)
     assert not list((out / "data").glob(".part-*"))
-    pd.testing.assert_frame_equal(load_traces(out), expected)
+    pd.testing.assert_frame_equal(read_trace_rows(out), expected)
     assert read_manifest(out)["status"]["complete"] and read_manifest(out)["status"]["rows"] == len(expected)
     # 4. A rerun of a finished folder does nothing.
     again = collect(pair32, prompts, out, CONFIG, progress=False)
     assert again.prompts_traced == 0 and again.manifest is not None
-    pd.testing.assert_frame_equal(load_traces(out), expected)
+    pd.testing.assert_frame_equal(read_trace_rows(out), expected)
 
 
 def test_other_pair_or_settings_are_refused_unless_overwrite(pair32, tmp_path):
@@ -307,7 +306,7 @@ def test_other_pair_or_settings_are_refused_unless_overwrite(pair32, tmp_path):
     stats = collect(pair32, make_prompts(3), out, DecodeConfig(max_new_tokens=8, max_window=5), overwrite=True,
                     progress=False)
     assert stats.prompts_traced == 3
-    df = load_traces(out)
+    df = read_trace_rows(out)
     assert len(df) == 3 * 8 and read_manifest(out)["generation"]["max_new_tokens"] == 8
 
     (tmp_path / "stray" / "data").mkdir(parents=True)  # shards without a manifest: not ours to extend
@@ -318,7 +317,7 @@ def test_other_pair_or_settings_are_refused_unless_overwrite(pair32, tmp_path):
     with pytest.raises(DiscoError, match="not valid JSON.*--overwrite"):
         collect(pair32, make_prompts(3), out, CONFIG, progress=False)
     assert collect(pair32, make_prompts(1), out, CONFIG, overwrite=True, progress=False).prompts_traced == 1
-    assert len(load_traces(out)) == 12
+    assert len(read_trace_rows(out)) == 12
 
 
 # --- prompts ---------------------------------------------------------------------------------------
@@ -437,7 +436,7 @@ def test_killed_run_resumed_by_two_processes_gives_the_rows_of_one(folders, tmp_
     proc = subprocess.run([sys.executable, "-c", KILLED_AT_4TH_PROMPT, *map(str, two)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 9, proc.stderr[-3000:]
-    assert set(load_traces(tmp_path / "two")["prompt_id"]) == {"p0", "p1"}
+    assert set(read_trace_rows(tmp_path / "two")["prompt_id"]) == {"p0", "p1"}
     assert not read_manifest(tmp_path / "two")["status"]["complete"]
     # Two processes finish the folder: each takes its prompts (i % 2) that are not done yet.
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "cli.py",
@@ -452,7 +451,7 @@ def test_killed_run_resumed_by_two_processes_gives_the_rows_of_one(folders, tmp_
     assert names == ["part-r000-000000.parquet", "part-r000-000001.parquet", "part-r001-000000.parquet"]
     # prompt i goes to rank i % 2; the first shard is the interrupted single process's
     assert [set(pd.read_parquet(data / n)["prompt_id"]) for n in names] == [{"p0", "p1"}, {"p2", "p4"}, {"p3"}]
-    one, two = load_traces(tmp_path / "one"), load_traces(tmp_path / "two")
+    one, two = read_trace_rows(tmp_path / "one"), read_trace_rows(tmp_path / "two")
     pd.testing.assert_frame_equal(one[TOKEN_INFO], two[TOKEN_INFO])
     pd.testing.assert_frame_equal(one, two, check_exact=False, rtol=1e-4, atol=1e-5)
     m1, m2 = read_manifest(tmp_path / "one"), read_manifest(tmp_path / "two")

@@ -3,16 +3,15 @@
 import dataclasses
 import json
 
-import torch
-
 import pytest
+import torch
+from tiny import char_tokenizer, tiny_pair
 
 from disco.compare import TARGET_LABEL, cost_model_speedups, default_entries, run_compare
-from disco.engines.torch_engine import HF_LABEL
 from disco.decode import DecodeConfig, target_generate
+from disco.engines.torch_engine import HF_LABEL
 from disco.pair import pair_from_models
 from disco.prompts import Prompt
-from tiny import char_tokenizer, tiny_pair
 
 
 def test_compare_tiny(tmp_path):

@@ -8,9 +8,9 @@ import weakref
 
 import pytest
 import torch
+from tiny import EOS, char_tokenizer, save_tiny, tiny_pair, tiny_qwen
 from torch import nn
 
-from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.cpu import (
     FLOAT32_EXACT,
     apply_cpu_backend,
@@ -18,11 +18,11 @@ from disco.cpu import (
     linear_weight_bytes,
 )
 from disco.decode import DecodeConfig, speculative_generate, target_generate
+from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.errors import DiscoError
-from disco.pair import load_pair
 from disco.options import PairOptions
+from disco.pair import load_pair
 from disco.policy import ConstantPolicy, HeuristicPolicy, ThresholdPolicy
-from tiny import EOS, char_tokenizer, save_tiny, tiny_pair, tiny_qwen
 
 PROMPTS = [[5, 6, 7], [10, 20, 30, 40, 50], [3]]
 

@@ -4,12 +4,12 @@ distribution preservation under sampling."""
 import pytest
 import torch
 from scipy.stats import chisquare
+from tiny import DistStubLM, StubLM, tiny_pair
 
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
-from disco.policy import ConstantPolicy, HeuristicPolicy, OraclePolicy, ThresholdPolicy
 from disco.policies import make_policy
-from tiny import DistStubLM, StubLM, tiny_pair
+from disco.policy import ConstantPolicy, HeuristicPolicy, OraclePolicy, ThresholdPolicy
 
 V = 16
 count = lambda t, i: (t + 1) % V  # noqa: E731  the target's rule: next token = previous + 1

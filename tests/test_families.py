@@ -15,26 +15,24 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from test_cli import cli
+from test_collect import RecordingOracle
+from tiny import CHARS, EOS, SPECIALS, VOCAB, char_tokenizer, perturbed, save_tiny
 
 from disco.collect import collect, teacher_forced_trace
-from disco.train import RULE_GRIDS
 from disco.compare import default_entries, run_compare
-from disco.engines.torch_engine import AssistedGeneration
 from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
 from disco.engines.registry import teacher_forced
-from disco.engines.torch_engine import CapturedSteps, TorchEngine, model_kind, resolve_cache
+from disco.engines.torch_engine import AssistedGeneration, CapturedSteps, TorchEngine, model_kind, resolve_cache
 from disco.errors import DiscoError
 from disco.features import FEATURES, token_class_table
 from disco.hf import disco_generate
 from disco.hub import check_same_tokenizer
-from disco.pair import load_pair, load_pair_config, pair_from_models
 from disco.options import PairOptions
+from disco.pair import load_pair, load_pair_config, pair_from_models
 from disco.policies import PolicySpec, make_policy
 from disco.prompts import Prompt
-from disco.train import TrainConfig, train
-from test_cli import cli
-from test_collect import RecordingOracle
-from tiny import CHARS, EOS, SPECIALS, VOCAB, char_tokenizer, perturbed, save_tiny
+from disco.train import RULE_GRIDS, TrainConfig, train
 
 ROOT = Path(__file__).resolve().parent.parent
 _COMMON = dict(vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=0, bos_token_id=None, tie_word_embeddings=False)

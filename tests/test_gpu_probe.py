@@ -15,18 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny import char_tokenizer, tiny_pair, tiny_qwen
 
 from disco.artifact import DenseModel, load_artifact, save_artifact
 from disco.collect import collect
+from disco.cost import CostModel
 from disco.decode import DecodeConfig
 from disco.engines.torch_engine import CapturedSteps, TorchEngine
 from disco.features import FEATURES
 from disco.pair import pair_from_models
 from disco.prompts import Prompt
-from disco.cost import CostModel
 from disco.simulate import replay_policy, simulate
 from disco.train import load_trace_data, policy_table, traces_for
-from tiny import char_tokenizer, tiny_pair, tiny_qwen
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE, SIMULATE = ROOT / "bench" / "gpu_probe.py", ROOT / "bench" / "gpu_simulate.py"

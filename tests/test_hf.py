@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from tiny import char_tokenizer, tiny_pair
 
 from disco.classifier import ClassifierPolicy
 from disco.collect import collect
@@ -13,7 +14,6 @@ from disco.pair import pair_from_models
 from disco.policies import PolicySpec
 from disco.prompts import Prompt
 from disco.train import TrainConfig, train
-from tiny import char_tokenizer, tiny_pair
 
 
 @pytest.fixture(scope="module")

@@ -9,20 +9,20 @@ import sys
 
 import pytest
 import torch
-
-from disco.compare import default_entries, run_compare
-from disco.engines.llamacpp_server import SERVER_LABEL, SERVER_TARGET_LABEL
-from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
-from disco.engines.llamacpp import LlamaCppEngine
-from disco.errors import DiscoError
-from disco.pair import load_pair
-from disco.engines.registry import resolve_engine
-from disco.options import PairOptions
-from disco.policies import PolicySpec
-from disco.prompts import Prompt
 from test_cli import cli
 from tiny import char_tokenizer, save_tiny, tiny_pair
 from tiny_gguf import write_tiny_gguf
+
+from disco.compare import default_entries, run_compare
+from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
+from disco.engines.llamacpp import LlamaCppEngine
+from disco.engines.llamacpp_server import SERVER_LABEL, SERVER_TARGET_LABEL
+from disco.engines.registry import resolve_engine
+from disco.errors import DiscoError
+from disco.options import PairOptions
+from disco.pair import load_pair
+from disco.policies import PolicySpec
+from disco.prompts import Prompt
 
 PROMPTS = ["def add(a, b):\n    return a + b\n", "Hello, world! The quick brown fox", "x = [1, 2, 3]\nfor i in x:",
            "class Point:\n    def __init__(self", "SELECT name FROM users WHERE", "# sort a list\ndef sort(xs):"]
@@ -299,11 +299,11 @@ def test_trace_hidden_states_and_signals_equal_the_live_loop_on_llamacpp(pair):
     hands a policy (DraftStep.hidden), and the trace's window features (target-side signals included)
     equal what the policy computes live, at every position the oracle drafts."""
     import numpy as np
+    from test_collect import RecordingOracle
 
     from disco.collect import teacher_forced_trace
     from disco.features import FEATURES
     from disco.trace import HIDDEN_COLUMN
-    from test_collect import RecordingOracle
 
     classes = pair.token_classes()
     config = DecodeConfig(max_new_tokens=24, max_window=6)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from disco.errors import DiscoError
-from disco.engines.llamacpp_server import DRAFT_N_MAX, LlamaServer, server_binary
 from tiny import EOS, char_tokenizer, tiny_pair
 from tiny_gguf import write_tiny_gguf
+
+from disco.engines.llamacpp_server import DRAFT_N_MAX, LlamaServer, server_binary
+from disco.errors import DiscoError
 
 PROMPTS = ["def add(a, b):\n    return", "Hello, world! The quick brown fox", "x = [1, 2, 3]"]
 MAX_NEW = 24

@@ -10,20 +10,20 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_cli import cli
+from test_collect import CONFIG, make_prompts, pair32  # noqa: F401 -- the fixture
+from test_simulate import ProbModel, V, _stub_pair, collected_trace, counts, synthetic_trace
 
 from disco.artifact import Calibration, DenseModel, load_artifact, save_artifact
 from disco.classifier import ClassifierPolicy
 from disco.compare import default_entries, select_entries
+from disco.cost import CostModel
 from disco.decode import DecodeConfig, speculative_generate
 from disco.errors import DiscoError
 from disco.features import FEATURES, TOKEN_FEATURES
-from disco.policy import AdaEDLPolicy, DraftStep, SVIPPolicy
 from disco.policies import make_policy
+from disco.policy import AdaEDLPolicy, DraftStep, SVIPPolicy
 from disco.simulate import prompt_traces, replay_policy, simulate
-from disco.cost import CostModel
-from test_cli import cli
-from test_collect import CONFIG, make_prompts, pair32  # noqa: F401 -- the fixture
-from test_simulate import (ProbModel, V, _stub_pair, collected_trace, counts, synthetic_trace)
 
 
 def step_with_entropy(probs: list[float], pos: int = 1) -> DraftStep:
@@ -247,12 +247,13 @@ def test_wide_hidden_states_are_projected_with_the_recorded_seed():
 # --- damaged shards ---------------------------------------------------------------------------------
 
 def test_damaged_shard_is_a_one_line_error_and_collect_redoes_it(pair32, tmp_path, capsys):  # noqa: F811
-    from disco.collect import collect, load_traces
+    from disco.collect import collect
+    from disco.trace import read_trace_rows
 
     out = tmp_path / "t"
     collect(pair32, make_prompts(6), out, CONFIG, shard_prompts=2, progress=False)
     shards = sorted((out / "data").glob("*.parquet"))
-    whole = load_traces(out)
+    whole = read_trace_rows(out)
     shards[1].write_bytes(shards[1].read_bytes()[:200])  # a copy cut short
     code, _, err = cli(capsys, "train", "--traces", out, "--out", tmp_path / "m")
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
@@ -260,7 +261,7 @@ def test_damaged_shard_is_a_one_line_error_and_collect_redoes_it(pair32, tmp_pat
     stats = collect(pair32, make_prompts(6), out, CONFIG, shard_prompts=2, progress=False)
     assert stats.prompts_traced == 2 and stats.prompts_skipped == 4  # exactly that shard's prompts
     assert "set aside" in capsys.readouterr().err
-    again = load_traces(out)
+    again = read_trace_rows(out)
     assert again.equals(whole)
 
 

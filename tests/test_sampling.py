@@ -11,20 +11,21 @@ import pandas as pd
 import pytest
 import torch
 from scipy.stats import chisquare
+from test_collect import make_prompts, pair32  # noqa: F401 -- the fixture
+from test_simulate import ProbModel, V, _stub_pair
+from tiny import VOCAB, DistStubLM
 
 import disco.decode as decode_mod
 from disco.artifact import SamplingMismatch, load_artifact
 from disco.classifier import ClassifierPolicy
-from disco.collect import coupled_draft, load_traces, teacher_forced_trace, collect, trace_prompt
+from disco.collect import collect, coupled_draft, teacher_forced_trace, trace_prompt
 from disco.decode import DecodeConfig, speculative_generate, target_generate, warp
 from disco.errors import DiscoError
 from disco.features import token_class_table
 from disco.pair import Pair
 from disco.policies import make_policy
 from disco.simulate import prompt_traces, replay_policy, simulate
-from test_collect import make_prompts, pair32  # noqa: F401 -- the fixture
-from test_simulate import V, ProbModel, _stub_pair
-from tiny import DistStubLM, VOCAB
+from disco.trace import read_trace_rows
 
 SAMPLED = DecodeConfig(max_new_tokens=16, max_window=5, temperature=0.8, top_p=0.9, seed=7)
 
@@ -81,15 +82,15 @@ def test_sampled_trace_records_min_1_p_over_q_of_the_warped_distributions(pair32
 def test_sampled_collection_is_seeded_per_prompt_and_resumes(pair32, tmp_path):
     prompts = make_prompts(4)
     out = tmp_path / "t"
-    collect(pair32, prompts[:2], out / "x", SAMPLED, progress=False)  # another folder: other prompt list
+    collect(pair32, prompts[:2], tmp_path / "x", SAMPLED, progress=False)  # another folder: other prompt list
     stats = collect(pair32, prompts, out, SAMPLED, progress=False, shard_prompts=1)
     assert stats.prompts_traced == 4
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["generation"]["temperature"] == 0.8 and manifest["generation"]["top_p"] == 0.9
     assert manifest["generation"]["seed"] == 7
-    whole = load_traces(out)
+    whole = read_trace_rows(out)
     # a prompt's rows do not depend on what else the run traced: the first two equal the other folder's
-    first = load_traces(out / "x")
+    first = read_trace_rows(tmp_path / "x")
     pd.testing.assert_frame_equal(whole[whole["prompt_id"].isin(first["prompt_id"])].reset_index(drop=True), first)
     # another temperature cannot resume into the folder
     with pytest.raises(DiscoError, match="generation.temperature"):

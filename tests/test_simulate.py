@@ -9,20 +9,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny import DistStubLM, tiny_pair
+from transformers import DynamicCache
 
 from disco.classifier import ClassifierPolicy
 from disco.collect import trace_prompt
+from disco.cost import CostModel
 from disco.decode import DecodeConfig, GenStats, speculative_generate
 from disco.errors import DiscoError
-from disco.trace import HIDDEN_COLUMN, signals_at
 from disco.features import FEATURES, TOKEN_CLASSES, TOKEN_FEATURES, WINDOW_FEATURES, WindowState
 from disco.pair import Pair
 from disco.policies import make_policy
 from disco.simulate import prompt_traces, replay_policy, simulate, simulate_many
-from disco.cost import CostModel
-from disco.trace import COLUMNS
-from tiny import DistStubLM, tiny_pair
-from transformers import DynamicCache
+from disco.trace import COLUMNS, HIDDEN_COLUMN, signals_at
 
 # --- trace builders (also used by test_train.py) --------------------------------------------
 
@@ -357,9 +356,10 @@ def test_classifier_policy_needs_token_classes_live():
 
 
 def test_profile_tiny_pair(tmp_path):
+    from tiny import char_tokenizer
+
     from disco.pair import pair_from_models
     from disco.profile import format_profile, profile_pair
-    from tiny import char_tokenizer
 
     target, draft = tiny_pair(dtype=torch.float32)
     pair = pair_from_models(target, draft, char_tokenizer(), "tiny")
@@ -378,10 +378,11 @@ def test_profile_tiny_pair(tmp_path):
 
 
 def test_disco_profile_command(tmp_path, capsys, monkeypatch):
-    from disco.cpu import DEFAULT_CPU_BACKEND
-    from disco.embedded import CACHE_ENV
     from test_cli import cli
     from tiny import char_tokenizer, save_tiny
+
+    from disco.cpu import DEFAULT_CPU_BACKEND
+    from disco.embedded import CACHE_ENV
 
     target, draft = tiny_pair(dtype=torch.float32)
     t, d = save_tiny(target, char_tokenizer(), tmp_path / "target"), save_tiny(draft, char_tokenizer(), tmp_path / "draft")

@@ -12,8 +12,8 @@ PROMPTS = ["Write a Python function that returns the square of x.", "Say hello i
 
 @pytest.fixture(scope="module")
 def pair():
-    from disco.pair import load_pair
     from disco.options import PairOptions
+    from disco.pair import load_pair
 
     return load_pair(PairOptions(engine="torch"))
 

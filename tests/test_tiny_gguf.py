@@ -9,10 +9,9 @@ import llama_cpp
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from tiny import CHARS, EOS, VOCAB, char_tokenizer, tiny_pair
 from tiny_gguf import write_tiny_gguf
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 TEXTS = [
     "Hello, World! 123\nfoo_bar(baz) = {'q': 4.5};  x\n\n  y?",

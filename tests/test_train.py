@@ -10,18 +10,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_cli import cli
+from test_simulate import counts, random_traces, synthetic_trace
 
-from disco.artifact import JoblibModel, load_artifact, save_artifact
+from disco.artifact import JoblibModel, load_artifact, rehash_artifact, save_artifact
 from disco.classifier import ClassifierPolicy
+from disco.cost import CostModel
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
 from disco.features import FEATURES, TARGET_SIGNALS
 from disco.simulate import replay_policy, simulate
-from disco.cost import CostModel
-from disco.train import (RULE_GRIDS, THRESHOLD_GRID, TrainConfig, fit_model, load_trace_data, split_by_prompt, traces_for, train,
-                         tune)
-from test_cli import cli
-from test_simulate import counts, random_traces, synthetic_trace
+from disco.train import (
+    RULE_GRIDS,
+    THRESHOLD_GRID,
+    TrainConfig,
+    fit_model,
+    load_trace_data,
+    split_by_prompt,
+    traces_for,
+    train,
+    tune,
+)
 
 PAIR = {"target": "/models/tiny-target", "draft": "/models/tiny-draft", "tokenizer_hash": "abc"}
 
@@ -141,6 +150,7 @@ def test_artifact_of_an_older_feature_list_loads_by_name(data, tmp_path):
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["features"] = [FEATURES[i] for i in old]  # what the older disco wrote
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    rehash_artifact(folder)  # as that disco would have hashed it
     art = load_artifact(folder)
     assert art.columns == old
     assert np.array_equal(art.predict_proba(X[va]), model.predict_proba(X[va]))
@@ -275,11 +285,13 @@ def test_disco_train_command(traces_dir, tmp_path, capsys):
 def test_collect_train_and_decode_with_the_classifier(tmp_path):
     """The whole pipeline on a tiny pair: disco collect -> disco train -> the live classifier policy,
     lossless, and deciding as the simulator predicted on the validation prompts."""
+    from tiny import char_tokenizer, tiny_pair
+
     from disco.collect import collect
     from disco.pair import pair_from_models
     from disco.prompts import Prompt
-    from disco.simulate import prompt_traces, read_traces
-    from tiny import char_tokenizer, tiny_pair
+    from disco.simulate import prompt_traces
+    from disco.trace import read_traces
 
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     pair = pair_from_models(target, draft, char_tokenizer(), "tiny")

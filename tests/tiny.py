@@ -18,7 +18,7 @@ EOS = 1
 
 def char_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
     """A character-level tokenizer (one token per character) with pad/eos/unk."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))

@@ -122,6 +122,9 @@ class EngineKind:
     claims_auto: Callable[[str | None, str | None, bool], bool]  # --engine auto: (target, draft, cuda) -> run here?
     check_device: Callable[[str], None]  # refuse a --device it cannot run on
     anchor_names: tuple[str, ...] = ()  # --policies names of its anchors' rows
+    # the PairOptions fields only this engine reads, with their flags: refused on another engine (checks.py)
+    owned_options: tuple[tuple[str, str], ...] = ()
+    select_hint: str = ""  # how a user runs a pair on this engine, e.g. "--engine torch"
 
 
 # describe() fields that change how fast an engine runs, not the numbers it computes: llama.cpp's

@@ -485,4 +485,6 @@ def _check_device(device: str) -> None:
                          "use --engine torch for --device cuda")
 
 
-KIND = EngineKind(load_pair, _prepare_embedded, _claims_auto, _check_device, anchor_names=("llama-server",))
+KIND = EngineKind(load_pair, _prepare_embedded, _claims_auto, _check_device, anchor_names=("llama-server",),
+                  owned_options=(("verify", "--verify"), ("draft_quant", "--draft-quant"), ("threads", "--threads")),
+                  select_hint="--engine llama.cpp with GGUF files")

@@ -15,20 +15,13 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from disco.embedded import cache_root
 from disco.errors import DiscoError

@@ -29,31 +29,23 @@ Facts about the vendored llama.cpp (read from its source, llama-cpp-python 0.3.3
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from disco.embedded import cache_root
-from disco.errors import DiscoError
-from disco.files import file_lock
-
 from disco.engines.llamacpp_build import BINARY_NAME, server_binary
+from disco.errors import DiscoError
 from disco.rounds import eos_cut
 from disco.stats import GenResult, GenStats
 

@@ -36,7 +36,15 @@ from disco.cpu import apply_cpu_backend, check_cpu_backend, cpu_backend_of
 from disco.defaults import CACHES, DEFAULT_CACHE, DEFAULT_MAX_WINDOW
 from disco.engines.base import EngineKind, PairParts, Variant, sync
 from disco.errors import DiscoError
-from disco.hub import check_same_tokenizer, eos_ids, load_config, load_model, load_tokenizer, resolve_device, resolve_dtype
+from disco.hub import (
+    check_same_tokenizer,
+    eos_ids,
+    load_config,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
 from disco.options import PairOptions
 from disco.stats import GenResult, GenStats
 
@@ -392,7 +400,7 @@ class TorchEngine:
     def hidden_size(self) -> int:
         cfg = self.model.config
         cfg = getattr(cfg, "get_text_config", lambda: cfg)()
-        return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model"))
+        return int(getattr(cfg, "hidden_size", None) or cfg.d_model)
 
     def describe(self) -> dict:
         return {"name": self.name, "version": torch.__version__, "cache": resolve_cache(self.model, self.cache),
@@ -475,14 +483,15 @@ def _check_device(device: str) -> None:
     pass  # CPUs and CUDA GPUs alike (pair loading resolves and checks the device)
 
 
+HF_LABEL = "transformers"  # transformers' own generate(assistant_model=draft) with its defaults
 KIND = EngineKind(load_pair, _prepare_embedded, claims_auto=lambda target, draft, cuda: True,
-                  check_device=_check_device, anchor_names=("transformers",))
+                  check_device=_check_device, anchor_names=(HF_LABEL,),
+                  owned_options=(("cache", "--cache"), ("cpu_backend", "--cpu-backend"), ("dtype", "--dtype"),
+                                 ("compile", "--compile")),
+                  select_hint="--engine torch")
 
 
 # --- the anchor: transformers' own assisted generation ------------------------------------------------
-
-HF_LABEL = "transformers"  # transformers' own generate(assistant_model=draft) with its defaults
-
 
 class _CallCounter:
     """Counts a module's forward calls (transformers' loop hides them from us)."""

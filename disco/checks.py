@@ -1,0 +1,219 @@
+"""Early, complete checks of a command's options: everything that can be refused before a model
+loads is refused here, so no one waits minutes for an error a look at the options could give.
+
+Each CLI command calls `check_options(command, locals())` first. Checked here:
+- every numeric option's range (RANGES), with one wording for all commands;
+- options that do not apply: an engine's option on the other engine (--verify, --draft-quant,
+  --threads are llama.cpp's; --cache, --compile, --cpu-backend, --dtype are torch's) and --top-p
+  under greedy decoding are REFUSED, in both directions alike (a silently ignored option is a
+  silently wrong run: the user believes it took effect);
+- outputs (disco/files.py): the destination can be written and is the right kind of thing;
+- inputs that load cheaply: the classifier artifacts (whole: disco/artifact.py), user GGUF files
+  (a truncated one is named as such, not as a tokenizer error);
+- compare's --policies selecting at least one row that can run here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from disco.errors import DiscoError
+
+
+def _at_least(n: float) -> tuple[Callable[[float], bool], str]:
+    return (lambda v: v >= n), f"at least {n:g}"
+
+
+_UNIT = ((lambda v: 0.0 <= v <= 1.0), "within [0, 1]")
+_POSITIVE = ((lambda v: v >= 1), "positive")
+# option (as the command's parameter is named) -> (flag, test, what it must be)
+RANGES: dict[str, tuple[str, Callable[[float], bool], str]] = {
+    "k": ("--k", *_at_least(1)),
+    "threshold": ("--threshold", *_UNIT),
+    "lam": ("--lambda", *_UNIT),
+    "svip_h": ("--svip-h", *_at_least(0)),
+    "classifier_threshold": ("--classifier-threshold", *_at_least(0)),
+    "max_window": ("--max-window", *_at_least(0)),
+    "max_new_tokens": ("--max-new-tokens", *_POSITIVE),
+    "temperature": ("--temperature", *_at_least(0)),
+    "top_p": ("--top-p", (lambda v: 0.0 < v <= 1.0), "within (0, 1]"),
+    "limit": ("--limit", *_at_least(1)),
+    "threads": ("--threads", *_at_least(1)),
+    "shard_prompts": ("--shard-prompts", *_at_least(1)),
+    "seeds": ("--seeds", *_at_least(1)),
+    "tuned_k": ("--tuned-k", *_at_least(1)),
+    "tuned_threshold": ("--tuned-threshold", *_UNIT),
+    "server_p_min": ("--server-p-min", *_UNIT),
+    "server_n_max": ("--server-n-max", *_at_least(1)),
+    "val_fraction": ("--val-fraction", (lambda v: 0.0 < v < 1.0), "within (0, 1)"),
+    "context": ("--context", *_at_least(1)),
+    "repeats": ("--repeats", *_at_least(1)),
+    "warmup": ("--warmup", *_at_least(0)),
+    "per_task": ("--per-task", *_at_least(1)),
+}
+# train and profile measure or simulate windows: one draft token at least
+_WINDOWED = {"train", "profile"}
+
+
+def check_options(command: str, options: dict[str, Any]) -> None:
+    """Refuse, with one line naming the option and the fix, whatever `command` cannot run with.
+    options: the command's parameters (its locals), the shared PairOptions and DecodeConfig among them."""
+    o = dict(options)
+    for shared in (o.pop("options", None), o.pop("config", None)):  # cli.pair_options / cli.decode_options
+        if shared is not None:
+            o.update(vars(shared))
+    check_ranges(command, o)
+    engine = check_engine_options(o) if "engine" in o else None
+    if o.get("temperature", None) == 0 and o.get("top_p", 1.0) != 1.0:
+        raise DiscoError(f"--top-p {o['top_p']:g} applies to sampling only and this run decodes greedily: drop --top-p, "
+                         "or add --temperature above 0")
+    for traces in o.get("traces") or []:  # inputs first: a mistyped --traces is the likelier mistake
+        if not Path(traces).exists():
+            raise DiscoError(f"no trace folder or .parquet file at {traces} (make traces with: disco collect)")
+    check_outputs(command, o)
+    given = o.get("classifier") or []
+    for path in [given] if isinstance(given, str) else given:  # generate gives one, compare a list
+        _check_artifact(path, o.get("trust_pickle", False))
+    if command == "generate" and o.get("policy") == "classifier" and not o.get("classifier"):
+        raise DiscoError("the classifier policy needs a trained artifact: pass --classifier models/NAME")
+    if command == "compare" and o.get("policies"):
+        check_compare_rows(o, engine)
+
+
+def check_ranges(command: str, o: dict[str, Any]) -> None:
+    for name, (flag, ok, what) in RANGES.items():
+        value = o.get(name)
+        if name == "max_window" and command in _WINDOWED:
+            ok, what = _at_least(1)
+        if value is not None and (isinstance(value, float) and math.isnan(value) or not ok(value)):
+            raise DiscoError(f"{flag} must be {what} (got {value})")
+
+
+def _refuse(flag: str, owner: str, engine: str) -> DiscoError:
+    from disco.engines.registry import ENGINE_KINDS
+
+    fix = ENGINE_KINDS[owner].select_hint
+    return DiscoError(f"{flag} applies to the {owner} engine only, and this run uses {engine}: drop {flag.split()[0]}, "
+                      f"or add {fix}")
+
+
+def check_engine_options(o: dict[str, Any]) -> str:
+    """The engine the run will use, refusing the other engines' options (given, i.e. not at their
+    defaults: EngineKind.owned_options) and damaged GGUF files."""
+    from disco.engines.registry import ENGINE_KINDS, resolve_engine
+    from disco.options import PairOptions
+    from disco.pair_files import apply_pair_file
+
+    given = {k: v for k, v in o.items() if k in PairOptions.__dataclass_fields__}
+    options, _ = apply_pair_file(PairOptions(**given), o.get("chat"))
+    engine = resolve_engine(options.engine, options.target, options.draft, options.device)
+    defaults = PairOptions()
+    for owner, kind in ENGINE_KINDS.items():
+        if owner == engine:
+            continue
+        for name, flag in kind.owned_options:
+            value = given.get(name, getattr(defaults, name))  # as given (a pair file sets no engine option)
+            if value != getattr(defaults, name):
+                shown = (flag if value else flag.replace("--", "--no-", 1)) if isinstance(value, bool) else f"{flag} {value}"
+                raise _refuse(shown, owner, engine)
+    for role, path in (("target", options.target), ("draft", options.draft)):
+        if path is not None and str(path).endswith(".gguf") and Path(path).expanduser().is_file():
+            check_gguf(Path(path).expanduser(), role)
+    return engine
+
+
+def check_gguf(path: Path, role: str = "model") -> None:
+    """A GGUF file whose header parses and whose tensors all lie inside it (a copy cut short
+    otherwise fails deep inside a tokenizer or model loader with an unrelated message)."""
+    from gguf import GGUFReader
+
+    from disco.engines.llamacpp import is_gguf
+
+    if not is_gguf(path):
+        raise DiscoError(f"the {role} {path} is not a GGUF file (no GGUF header): give a GGUF file, or a transformers "
+                         "model folder")
+    size = path.stat().st_size
+    try:
+        reader = GGUFReader(path)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except Exception as e:  # any parse failure means the same to the user: the file is not whole
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DiscoError(f"the {role} {path} is damaged or truncated (not a readable GGUF file: {first}): copy or "
+                         "download it again") from None
+    if end > size:
+        raise DiscoError(f"the {role} {path} is truncated ({size} of at least {end} bytes): copy or download it again")
+
+
+def check_outputs(command: str, o: dict[str, Any]) -> None:
+    from disco.files import check_out_dir, check_out_file
+
+    if command == "generate" and o.get("json_out") is not None:
+        check_out_file(o["json_out"], "--json")
+    elif command == "profile" and o.get("out") is not None:
+        check_out_file(o["out"], "--out")
+    elif command == "compare":
+        check_out_dir(o["out"], "--out", o.get("overwrite", False), "comparison")
+    elif command == "train":
+        out = Path(o["out"]).resolve()
+        for traces in o.get("traces") or []:
+            t = Path(traces).resolve()
+            if out == t or t in out.parents or out in t.parents:
+                raise DiscoError(f"--out {o['out']} and --traces {traces} overlap: writing the artifact there would "
+                                 "replace the traces; choose another --out, e.g. models/NAME")
+        check_out_dir(o["out"], "--out", o.get("overwrite", False), "artifact")
+    elif command == "collect":
+        from disco.collect import check_trace_out, probe_lock
+        from disco.files import probe_writable
+
+        out = Path(o["out"])
+        check_trace_out(out)
+        probe_writable(out if out.is_dir() else out.parent, "--out", out)
+        if int(os.environ.get("RANK", "0")) == 0:  # the other ranks of a launch find rank 0 holding it
+            probe_lock(out)
+
+
+def _check_artifact(path: str, trust_pickle: bool) -> None:
+    from disco.artifact import load_artifact
+
+    load_artifact(path, trust_pickle=trust_pickle)  # the pair is checked once it is loaded
+
+
+def check_compare_rows(o: dict[str, Any], engine: str | None) -> None:
+    """--policies must leave at least one row beside target-only on this engine and decoding."""
+    from disco.compare import RULES_NAME, default_entries, select_entries, tuned_from_artifact
+    from disco.engines.registry import ENGINE_KINDS
+
+    classifiers = o.get("classifier") or []
+    tuned = tuned_from_artifact(classifiers[0]) if classifiers else {}
+    sampling = o.get("temperature", 0) > 0
+    entries = default_entries(classifiers[0] if classifiers else None, o.get("tuned_k") or tuned.get("k"),
+                              o.get("tuned_threshold") or tuned.get("threshold"), tuned=tuned, sampling=sampling,
+                              more_classifiers=classifiers[1:])
+    here = ENGINE_KINDS[engine].anchor_names if engine is not None else ()
+    if select_entries(entries, o["policies"]) or (o.get("anchor", True) and set(here) & set(_names(o["policies"]))):
+        return
+    why = []
+    for name in _names(o["policies"]):
+        owner = next((e for e, kind in ENGINE_KINDS.items() if name in kind.anchor_names), None)
+        if name in ("classifier", RULES_NAME) and not classifiers:
+            why.append(f"{name} needs --classifier models/NAME")
+        elif name == RULES_NAME:
+            why.append("the artifact records no tuned setting of other rules")
+        elif owner is not None and not o.get("anchor", True):
+            why.append(f"{name} is an anchor, which --no-anchor leaves out")
+        elif owner is not None:
+            why.append(f"{name} runs on the {owner} engine, this run on {engine}")
+        elif name == "oracle" and sampling:
+            why.append("oracle is defined for greedy decoding only (--temperature 0)")
+        elif name == "target":
+            why.append("target-only runs anyway")
+    raise DiscoError(f"--policies {o['policies']} selects no row to run beside target-only ({'; '.join(why) or 'none applies'}): "
+                     "choose other rows, or drop --policies for all of them")
+
+
+def _names(policies: str) -> list[str]:
+    return [n.strip() for n in policies.split(",") if n.strip()]
