@@ -24,9 +24,11 @@ def main(compare_json: str, profile: str, fast_profile: str | None = None) -> No
     fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
     sampled = result.get("config", {}).get("temperature", 0) > 0
     # sampling: each speedup with its spread over seeds, and the mean target log-prob instead of "= target"
-    print("| policy | cost-model speedup (pooled) | median per prompt | wall-clock pooled | wall-clock median per prompt "
-          f"(min–max) | tok/s | target fwd/tok | draft fwd/tok | mean accepted/window | acceptance | "
-          f"{'target log-prob/token' if sampled else '= target'} |")
+    print(
+        "| policy | cost-model speedup (pooled) | median per prompt | wall-clock pooled | wall-clock median per prompt "
+        f"(min–max) | tok/s | target fwd/tok | draft fwd/tok | mean accepted/window | acceptance | "
+        f"{'target log-prob/token' if sampled else '= target'} |"
+    )
     print("|" + "---|" * 11)
     for label, s in result["summary"].items():
         m = model[label]
@@ -41,9 +43,11 @@ def main(compare_json: str, profile: str, fast_profile: str | None = None) -> No
             last = fmt(s["target_logprob"], ".3f")
         else:
             last = "yes" if s["lossless"] else f"NO ({s.get('mismatched_prompts', '?')}/{s.get('prompts', '?')} differ)"
-        print(f"| {label} | {cm} | {med} | {wall} | {s['speedup_median']:.2f} ({s['speedup_min']:.2f}–"
-              f"{s['speedup_max']:.2f}) | {s['tokens_per_s']:.2f} | {fmt(s['target_forwards_per_token'], '.3f')} "
-              f"| {fmt(s['draft_forwards_per_token'], '.3f')} | {fmt(s['mean_accepted_window'], '.2f')} | {rate} | {last} |")
+        print(
+            f"| {label} | {cm} | {med} | {wall} | {s['speedup_median']:.2f} ({s['speedup_min']:.2f}–"
+            f"{s['speedup_max']:.2f}) | {s['tokens_per_s']:.2f} | {fmt(s['target_forwards_per_token'], '.3f')} "
+            f"| {fmt(s['draft_forwards_per_token'], '.3f')} | {fmt(s['mean_accepted_window'], '.2f')} | {rate} | {last} |"
+        )
 
 
 if __name__ == "__main__":

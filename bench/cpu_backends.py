@@ -222,9 +222,11 @@ def main() -> None:
             row["spec_target_forwards"] = spec["target_forwards"]
         row["gen_tokens"] = gen["tokens"]
         run["backends"][b] = row
-        say(f"{b}: target step {1e3 * row['target_step_s'][1]:.0f} ms, verify(8)/1 "
+        say(
+            f"{b}: target step {1e3 * row['target_step_s'][1]:.0f} ms, verify(8)/1 "
             f"{row['target_step_s'].get(8, float('nan')) / row['target_step_s'][1]:.2f}, "
-            f"draft {1e3 * row['draft_step_s']:.0f} ms, greedy vs eager {row['greedy_vs_eager']}")
+            f"draft {1e3 * row['draft_step_s']:.0f} ms, greedy vs eager {row['greedy_vs_eager']}"
+        )
         del b_t, b_d
         gc.collect()
 
@@ -238,25 +240,49 @@ def main() -> None:
 
 def format_table(run: dict, ks: list[int]) -> str:
     bw = statistics.mean([run["bandwidth_gbs_start"], run.get("bandwidth_gbs_end", run["bandwidth_gbs_start"])])
-    head = ["backend", "numerics", "draft step ms", "target step ms", "eager target step ms (same rounds)",
-            *[f"verify({k})/1" for k in ks if k != 1], "target GB/step", "floor ms", "step/floor",
-            "target-only tok/s", "greedy = eager", "spec tok/s", "spec speedup", "spec = own target-only"]
+    head = [
+        "backend",
+        "numerics",
+        "draft step ms",
+        "target step ms",
+        "eager target step ms (same rounds)",
+        *[f"verify({k})/1" for k in ks if k != 1],
+        "target GB/step",
+        "floor ms",
+        "step/floor",
+        "target-only tok/s",
+        "greedy = eager",
+        "spec tok/s",
+        "spec speedup",
+        "spec = own target-only",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for b, r in run["backends"].items():
         s = r["target_step_s"]
         floor = r["target_bytes"] / (bw * 1e9)
-        cells = [b, "float32" if r["float32_exact"] else "int8",
-                 f"{1e3 * r['draft_step_s']:.0f}", f"{1e3 * s[1]:.0f}", f"{1e3 * r['eager_target_step_s'][1]:.0f}",
-                 *[f"{s[k] / s[1]:.2f}" for k in ks if k != 1],
-                 f"{r['target_bytes'] / 1e9:.2f}", f"{1e3 * floor:.0f}", f"{s[1] / floor:.2f}",
-                 f"{r['target_only_tok_s']:.2f}", r["greedy_vs_eager"],
-                 f"{r.get('spec_tok_s', float('nan')):.2f}", f"{r.get('spec_speedup', float('nan')):.2f}x",
-                 str(r.get("spec_lossless", "-"))]
+        cells = [
+            b,
+            "float32" if r["float32_exact"] else "int8",
+            f"{1e3 * r['draft_step_s']:.0f}",
+            f"{1e3 * s[1]:.0f}",
+            f"{1e3 * r['eager_target_step_s'][1]:.0f}",
+            *[f"{s[k] / s[1]:.2f}" for k in ks if k != 1],
+            f"{r['target_bytes'] / 1e9:.2f}",
+            f"{1e3 * floor:.0f}",
+            f"{s[1] / floor:.2f}",
+            f"{r['target_only_tok_s']:.2f}",
+            r["greedy_vs_eager"],
+            f"{r.get('spec_tok_s', float('nan')):.2f}",
+            f"{r.get('spec_speedup', float('nan')):.2f}x",
+            str(r.get("spec_lossless", "-")),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"memory bandwidth (1 GiB copy, read+write): {run['bandwidth_gbs_start']:.1f} GB/s at the start, "
-                 f"{run.get('bandwidth_gbs_end', float('nan')):.1f} GB/s at the end; floor = Linear weight bytes / "
-                 f"{bw:.1f} GB/s. Load average {run['loadavg_start']} → {run.get('loadavg_end')}.")
+    lines.append(
+        f"memory bandwidth (1 GiB copy, read+write): {run['bandwidth_gbs_start']:.1f} GB/s at the start, "
+        f"{run.get('bandwidth_gbs_end', float('nan')):.1f} GB/s at the end; floor = Linear weight bytes / "
+        f"{bw:.1f} GB/s. Load average {run['loadavg_start']} → {run.get('loadavg_end')}."
+    )
     return "\n".join(lines)
 
 

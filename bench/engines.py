@@ -49,8 +49,12 @@ def measure(label: str, pair, repeats: int) -> dict:
     say(f"{label}: profiling")
     prof = profile_pair(pair, max_window=len(KS) - 1, repeats=repeats, warmup=2, progress=False)
     target = as_engine(pair.target)
-    out = {"engine": pair.describe()["engine"], "draft_ms": prof["c_d"] * 1e3, "target_ms": prof["c_t"][0] * 1e3,
-           "verify_ratio": dict(zip(KS, prof["c_t_ratio"]))}
+    out = {
+        "engine": pair.describe()["engine"],
+        "draft_ms": prof["c_d"] * 1e3,
+        "target_ms": prof["c_t"][0] * 1e3,
+        "verify_ratio": dict(zip(KS, prof["c_t_ratio"])),
+    }
     if target.name == "torch":
         out["target_bytes"] = linear_weight_bytes(pair.target)
     else:
@@ -67,13 +71,21 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
-    run: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": os.cpu_count(), "load": os.getloadavg(),
-                 "bandwidth_gbs": bandwidth_gbs()}
+    run: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "threads": os.cpu_count(),
+        "load": os.getloadavg(),
+        "bandwidth_gbs": bandwidth_gbs(),
+    }
     say(f"memory bandwidth {run['bandwidth_gbs']:.1f} GB/s")
     pairs = {
         "torch float32 (onednn)": load_pair(PairOptions(engine="torch", device="cpu")),
-        "llama.cpp (draft Q4_K_M as shipped)": load_pair(PairOptions(engine="llama.cpp", verify="fast", draft_quant="none")),
-        "llama.cpp (draft re-quantized to Q4_0)": load_pair(PairOptions(engine="llama.cpp", verify="fast", draft_quant="q4_0")),
+        "llama.cpp (draft Q4_K_M as shipped)": load_pair(
+            PairOptions(engine="llama.cpp", verify="fast", draft_quant="none")
+        ),
+        "llama.cpp (draft re-quantized to Q4_0)": load_pair(
+            PairOptions(engine="llama.cpp", verify="fast", draft_quant="q4_0")
+        ),
     }
     rows = {}
     for label, pair in pairs.items():
@@ -86,9 +98,13 @@ def main() -> None:
 
     # target-only greedy decoding, engines interleaved per prompt: the same Q4_K_M weights, dequantized
     # to float32 on torch and as they are on llama.cpp (the outputs may differ slightly)
-    prompts = [p for task in ("code", "explain", "write") for p in load_prompts(DATA_DIR / f"{task}-test.jsonl", args.prompts)]
+    prompts = [
+        p for task in ("code", "explain", "write") for p in load_prompts(DATA_DIR / f"{task}-test.jsonl", args.prompts)
+    ]
     config = DecodeConfig(max_new_tokens=args.max_new_tokens)
-    tps: dict[str, list[tuple[int, float]]] = {k: [] for k in ("torch float32 (onednn)", "llama.cpp (draft Q4_K_M as shipped)")}
+    tps: dict[str, list[tuple[int, float]]] = {
+        k: [] for k in ("torch float32 (onednn)", "llama.cpp (draft Q4_K_M as shipped)")
+    }
     for i, item in enumerate(prompts):
         order = list(tps) if i % 2 == 0 else list(reversed(tps))
         for label in order:
@@ -99,32 +115,55 @@ def main() -> None:
     for label, runs in tps.items():
         rows[label]["target_only_tok_s"] = sum(n for n, _ in runs) / sum(w for _, w in runs)
         rows[label]["target_only_tok_s_median"] = statistics.median(n / w for n, w in runs)
-    rows["llama.cpp (draft re-quantized to Q4_0)"]["target_only_tok_s"] = rows["llama.cpp (draft Q4_K_M as shipped)"]["target_only_tok_s"]
+    rows["llama.cpp (draft re-quantized to Q4_0)"]["target_only_tok_s"] = rows["llama.cpp (draft Q4_K_M as shipped)"][
+        "target_only_tok_s"
+    ]
     run["bandwidth_gbs_end"] = bandwidth_gbs()
     run["rows"] = rows
     bw = (run["bandwidth_gbs"] + run["bandwidth_gbs_end"]) / 2
     print(table(rows, bw))
     t, lc = rows["torch float32 (onednn)"], rows["llama.cpp (draft Q4_K_M as shipped)"]
-    print(f"\nllama.cpp target-only / torch float32 target-only: {lc['target_only_tok_s'] / t['target_only_tok_s']:.2f}x "
-          f"({lc['target_only_tok_s']:.2f} vs {t['target_only_tok_s']:.2f} tok/s, {len(prompts)} prompts x "
-          f"{args.max_new_tokens} tokens); memory bandwidth {run['bandwidth_gbs']:.1f} / {run['bandwidth_gbs_end']:.1f} GB/s")
+    print(
+        f"\nllama.cpp target-only / torch float32 target-only: {lc['target_only_tok_s'] / t['target_only_tok_s']:.2f}x "
+        f"({lc['target_only_tok_s']:.2f} vs {t['target_only_tok_s']:.2f} tok/s, {len(prompts)} prompts x "
+        f"{args.max_new_tokens} tokens); memory bandwidth {run['bandwidth_gbs']:.1f} / {run['bandwidth_gbs_end']:.1f} GB/s"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(run, indent=2) + "\n")
 
 
 def table(rows: dict, bw: float) -> str:
-    head = ["engine", "draft ms", "target ms", "draft/target"] + [f"verify({k})/1" for k in (2, 3, 4, 8, 16)] + \
-           ["target GB/step", "floor ms", "step/floor", "target-only tok/s"]
+    head = (
+        ["engine", "draft ms", "target ms", "draft/target"]
+        + [f"verify({k})/1" for k in (2, 3, 4, 8, 16)]
+        + ["target GB/step", "floor ms", "step/floor", "target-only tok/s"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, r in rows.items():
         floor = r["target_bytes"] / (bw * 1e9) * 1e3
-        ratios = [f"{r['verify_ratio'][k]:.2f}" + (f" / {r['verify_ratio_exact'][k]:.2f} exact" if "verify_ratio_exact" in r else "")
-                  for k in (2, 3, 4, 8, 16)]
-        lines.append("| " + " | ".join([label, f"{r['draft_ms']:.1f}", f"{r['target_ms']:.1f}",
-                                        f"{r['draft_ms'] / r['target_ms']:.2f}", *ratios,
-                                        f"{r['target_bytes'] / 1e9:.2f}", f"{floor:.1f}", f"{r['target_ms'] / floor:.2f}",
-                                        f"{r.get('target_only_tok_s', float('nan')):.2f}"]) + " |")
+        ratios = [
+            f"{r['verify_ratio'][k]:.2f}"
+            + (f" / {r['verify_ratio_exact'][k]:.2f} exact" if "verify_ratio_exact" in r else "")
+            for k in (2, 3, 4, 8, 16)
+        ]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    label,
+                    f"{r['draft_ms']:.1f}",
+                    f"{r['target_ms']:.1f}",
+                    f"{r['draft_ms'] / r['target_ms']:.2f}",
+                    *ratios,
+                    f"{r['target_bytes'] / 1e9:.2f}",
+                    f"{floor:.1f}",
+                    f"{r['target_ms'] / floor:.2f}",
+                    f"{r.get('target_only_tok_s', float('nan')):.2f}",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 

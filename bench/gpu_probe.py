@@ -67,10 +67,24 @@ PATHS = ("dynamic", "static", "static-compiled", "static-padded")
 CUDA_PATHS = ("dynamic", "static-compiled", "static")  # in order of value: the captured path before static eager
 CPU_PATHS = ("dynamic", "static", "static-padded")  # static-compiled needs CUDA graphs
 # --tiny: the same families and configurations, shrunk (CPU tests)
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 16384}
-TINY_DRAFT = {**TINY, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "num_key_value_heads": 1}  # smaller than the tiny target, as a draft is: shapes of its own
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "max_position_embeddings": 16384,
+}
+TINY_DRAFT = {
+    **TINY,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+}  # smaller than the tiny target, as a draft is: shapes of its own
 LOGIT_STD = 4.0  # random models' logits are scaled to this spread: a top-1 probability near 0.5, not uniform
 AGREEMENT = 0.7  # the noise pair's draft agrees with the target on about this share of tokens
 NOISES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)  # relative noise levels tried, smallest first
@@ -140,9 +154,11 @@ def check_transformers() -> str | None:
     from transformers import Qwen2ForCausalLM
 
     if "cache" not in inspect.signature(Qwen2ForCausalLM.forward).parameters:
-        return (f"transformers {transformers.__version__} takes past_key_values, not the cache= argument disco's "
-                "torch engine passes (transformers >= 5.20, pyproject.toml): carry a newer transformers wheel "
-                "(bench/RESULTS.md, 'GPU (issue 25)')")
+        return (
+            f"transformers {transformers.__version__} takes past_key_values, not the cache= argument disco's "
+            "torch engine passes (transformers >= 5.20, pyproject.toml): carry a newer transformers wheel "
+            "(bench/RESULTS.md, 'GPU (issue 25)')"
+        )
     return None
 
 
@@ -154,8 +170,9 @@ def load_shapes(path: Path) -> dict:
     return shapes
 
 
-def build_model(config: dict, device: torch.device, dtype: torch.dtype, seed: int,
-                tiny: dict | None = None) -> torch.nn.Module:
+def build_model(
+    config: dict, device: torch.device, dtype: torch.dtype, seed: int, tiny: dict | None = None
+) -> torch.nn.Module:
     """A causal LM of this configuration with random weights, its logits scaled to LOGIT_STD; `tiny`:
     fields that shrink it (TINY, TINY_DRAFT)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -191,7 +208,9 @@ def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Modu
 
 
 @torch.inference_mode()
-def agreement(target: torch.nn.Module, draft: torch.nn.Module, prompts: list[list[int]], outputs: list[list[int]]) -> float:
+def agreement(
+    target: torch.nn.Module, draft: torch.nn.Module, prompts: list[list[int]], outputs: list[list[int]]
+) -> float:
     """Share of positions of the target's greedy outputs where the draft, teacher-forced, predicts the same token."""
     same = total = 0
     device = next(target.parameters()).device
@@ -267,8 +286,12 @@ def dynamo_counters() -> dict:
     except Exception as e:  # noqa: BLE001
         return {"error": repr(e)}
     limit = getattr(dynamo.config, "recompile_limit", None) or getattr(dynamo.config, "cache_size_limit", None)
-    return {"recompile_limit": limit, "stats": dict(counters.get("stats", {})), "frames": dict(counters.get("frames", {})),
-            "cudagraph": {k: v for k, v in counters.get("inductor", {}).items() if "cudagraph" in k}}
+    return {
+        "recompile_limit": limit,
+        "stats": dict(counters.get("stats", {})),
+        "frames": dict(counters.get("frames", {})),
+        "cudagraph": {k: v for k, v in counters.get("inductor", {}).items() if "cudagraph" in k},
+    }
 
 
 # --- policies -------------------------------------------------------------------------------------
@@ -295,7 +318,9 @@ def policies(vocab: int, device: torch.device, cost: CostModel, artifact, skippe
         "svip": lambda y: make_policy("svip"),
         "oracle": lambda y: make_policy("oracle", target_tokens=y),
         "classifier-stub": lambda y: ClassifierPolicy(stub, 0.5, classes),
-        "classifier-stub-cost-adaptive": lambda y: ClassifierPolicy(stub, 1.0, classes, rule="cost-adaptive", cost=cost),
+        "classifier-stub-cost-adaptive": lambda y: ClassifierPolicy(
+            stub, 1.0, classes, rule="cost-adaptive", cost=cost
+        ),
     }
     try:
         import sklearn.metrics  # noqa: F401  (transformers' ROC update of the threshold)
@@ -328,8 +353,13 @@ def divergence(y: list[int], got: list[int], rows: torch.Tensor, dtype: torch.dt
         row = rows[i].float()
         margin = float(row[y[i]] - row[got[i]])
         tol = TIE_ULPS * torch.finfo(dtype).eps * max(abs(float(row[y[i]])), 1.0)
-        out.update(target_token=y[i], policy_token=got[i], target_margin=margin, tie_tolerance=tol,
-                   kind="rounding tie" if margin <= tol else "MISMATCH")
+        out.update(
+            target_token=y[i],
+            policy_token=got[i],
+            target_margin=margin,
+            tie_tolerance=tol,
+            kind="rounding tie" if margin <= tol else "MISMATCH",
+        )
     return out
 
 
@@ -341,22 +371,42 @@ def check_lossless(target, draft, prompts, cfg, factories: dict, dtype: torch.dt
         rows: list[torch.Tensor] = []
         res = target_generate(target, p, cfg, frozenset(), target_rows=rows)
         refs.append((res.tokens, torch.cat(rows), res.stats.wall_s))
-    out = {"target-only": {"tokens": sum(len(r[0]) for r in refs), "wall_s": sum(r[2] for r in refs),
-                           "outputs": [r[0] for r in refs]}}
+    out = {
+        "target-only": {
+            "tokens": sum(len(r[0]) for r in refs),
+            "wall_s": sum(r[2] for r in refs),
+            "outputs": [r[0] for r in refs],
+        }
+    }
     for name, make in factories.items():
         if clock.left() < 0:
             out[name] = {"identical": None, "skipped": "budget"}
             log(f"    {name}: skipped (budget)")
             continue
-        entry = {"identical": True, "prompts": len(prompts), "tokens": 0, "drafted": 0, "accepted": 0,
-                 "target_forwards": 0, "draft_forwards": 0, "padded_tokens": 0, "wall_s": 0.0}
+        entry = {
+            "identical": True,
+            "prompts": len(prompts),
+            "tokens": 0,
+            "drafted": 0,
+            "accepted": 0,
+            "target_forwards": 0,
+            "draft_forwards": 0,
+            "padded_tokens": 0,
+            "wall_s": 0.0,
+        }
         try:
             for (y, rows, _), p in zip(refs, prompts):
                 res = speculative_generate(target, draft, p, make(y), cfg, frozenset())
                 s = res.stats
-                for key, value in (("tokens", s.new_tokens), ("drafted", s.drafted), ("accepted", s.accepted),
-                                   ("target_forwards", s.target_forwards), ("draft_forwards", s.draft_forwards),
-                                   ("padded_tokens", s.padded_tokens), ("wall_s", s.wall_s)):
+                for key, value in (
+                    ("tokens", s.new_tokens),
+                    ("drafted", s.drafted),
+                    ("accepted", s.accepted),
+                    ("target_forwards", s.target_forwards),
+                    ("draft_forwards", s.draft_forwards),
+                    ("padded_tokens", s.padded_tokens),
+                    ("wall_s", s.wall_s),
+                ):
                     entry[key] += value
                 if res.tokens != y:
                     entry["identical"] = False
@@ -367,45 +417,80 @@ def check_lossless(target, draft, prompts, cfg, factories: dict, dtype: torch.dt
             entry["traceback"] = traceback.format_exc().splitlines()[-12:]
         entry["acceptance"] = entry["accepted"] / entry["drafted"] if entry["drafted"] else None
         out[name] = entry
-        log(f"    {name}: identical={entry['identical']} acceptance={entry['acceptance']}"
-            + (f" ERROR {entry['error']}" if "error" in entry else ""))
+        log(
+            f"    {name}: identical={entry['identical']} acceptance={entry['acceptance']}"
+            + (f" ERROR {entry['error']}" if "error" in entry else "")
+        )
     return out
 
 
 def profile_summary(prof: dict) -> dict:
     ratio = prof["c_t_ratio"]
-    return {"c_d_ms": prof["c_d"] * 1e3, "c_t1_ms": prof["c_t"][0] * 1e3, "c_d / c_t(1)": prof["c_d_ratio"],
-            "c_t(k) / c_t(1)": {str(k): ratio[k - 1] for k in range(1, len(ratio) + 1)},
-            "buckets": {str(b): ratio[b - 1] for b in BUCKETS if b <= len(ratio)}, "compile_s": prof.get("compile_s")}
+    return {
+        "c_d_ms": prof["c_d"] * 1e3,
+        "c_t1_ms": prof["c_t"][0] * 1e3,
+        "c_d / c_t(1)": prof["c_d_ratio"],
+        "c_t(k) / c_t(1)": {str(k): ratio[k - 1] for k in range(1, len(ratio) + 1)},
+        "buckets": {str(b): ratio[b - 1] for b in BUCKETS if b <= len(ratio)},
+        "compile_s": prof.get("compile_s"),
+    }
 
 
 # --- the run --------------------------------------------------------------------------------------
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, type=Path, help="folder for the profiles and summary.json")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     ap.add_argument("--tiny", action="store_true", help="tiny shapes of the same families (CPU tests)")
-    ap.add_argument("--shapes", nargs="+", type=Path, default=list(SHAPES),
-                    help="shape files (the first one's target also makes the noise pair)")
-    ap.add_argument("--paths", nargs="+", choices=PATHS, help=f"default: {' '.join(CUDA_PATHS)} on CUDA, "
-                    f"{' '.join(CPU_PATHS)} on a CPU")
-    ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32", "float16"),
-                    help="auto: bfloat16 on CUDA, float32 on a CPU (as disco's own auto)")
+    ap.add_argument(
+        "--shapes",
+        nargs="+",
+        type=Path,
+        default=list(SHAPES),
+        help="shape files (the first one's target also makes the noise pair)",
+    )
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        choices=PATHS,
+        help=f"default: {' '.join(CUDA_PATHS)} on CUDA, {' '.join(CPU_PATHS)} on a CPU",
+    )
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "bfloat16", "float32", "float16"),
+        help="auto: bfloat16 on CUDA, float32 on a CPU (as disco's own auto)",
+    )
     ap.add_argument("--prompts", type=int, default=2, help="random prompts per losslessness check")
     ap.add_argument("--max-new-tokens", type=int, help="default 48 (--tiny: 24)")
     ap.add_argument("--repeats", type=int, help="timed forwards per profile figure (default 20; --tiny: 3)")
     ap.add_argument("--warmup", type=int, help="untimed forwards before each (default 3; --tiny: 1)")
     ap.add_argument("--context", type=int, help="cached tokens while timing (default 100; --tiny: 40)")
-    ap.add_argument("--draft-buckets", default="1", help="captured widths of drafts, comma-separated (a draft "
-                    "steps one token; wider catch-up feeds run eagerly on the same cache: one compile, not six)")
+    ap.add_argument(
+        "--draft-buckets",
+        default="1",
+        help="captured widths of drafts, comma-separated (a draft "
+        "steps one token; wider catch-up feeds run eagerly on the same cache: one compile, not six)",
+    )
     ap.add_argument("--noise", type=float, help="the noise pair's relative noise (default: calibrated)")
     ap.add_argument("--artifact", type=Path, default=ARTIFACT, help="the shipped classifier (needs lightgbm)")
-    ap.add_argument("--budget-s", type=float, default=360.0, help="wall-clock budget: phases that would not fit "
-                    "are skipped (360 s: a 420 s device call leaves a second, shorter one inside 15 minutes)")
-    ap.add_argument("--cpu-compile", action="store_true", help="let static-compiled run on a CPU: inductor's "
-                    "default mode, no CUDA graphs (slow: minutes; checks this script's compiled-path bookkeeping)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=360.0,
+        help="wall-clock budget: phases that would not fit "
+        "are skipped (360 s: a 420 s device call leaves a second, shorter one inside 15 minutes)",
+    )
+    ap.add_argument(
+        "--cpu-compile",
+        action="store_true",
+        help="let static-compiled run on a CPU: inductor's "
+        "default mode, no CUDA graphs (slow: minutes; checks this script's compiled-path bookkeeping)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     small = args.tiny
@@ -424,20 +509,36 @@ def main(argv=None) -> dict:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is visible (use --device cpu --tiny here)")
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
-             "float32": torch.float32, "float16": torch.float16}[args.dtype]
+    dtype = {
+        "auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float32": torch.float32,
+        "float16": torch.float16,
+    }[args.dtype]
     args.out.mkdir(parents=True, exist_ok=True)
     import transformers
 
     summary: dict = {
-        "issue": 25, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": str(device),
+        "issue": 25,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "dtype": str(dtype).removeprefix("torch."), "tiny": args.tiny, "python": platform.python_version(),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "tiny": args.tiny,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
         "budget_s": args.budget_s,
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                     if k not in ("shapes", "out")} | {"shapes": [str(s) for s in args.shapes]},
-        "skipped": {}, "shapes": {}, "paths": {}, "profiles": {}, "goals": {},
+        "settings": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("shapes", "out")
+        }
+        | {"shapes": [str(s) for s in args.shapes]},
+        "skipped": {},
+        "shapes": {},
+        "paths": {},
+        "profiles": {},
+        "goals": {},
     }
 
     def save() -> None:
@@ -466,21 +567,29 @@ def main(argv=None) -> dict:
         name = shapes.get("name", shapes_file.stem)
         if cpu_only_refused and set(args.paths) <= {"static-compiled"}:  # nothing to run: build nothing
             summary["paths"].setdefault("static-compiled", {})[name] = {
-                "status": "skipped: needs CUDA (captured CUDA graphs)"}
+                "status": "skipped: needs CUDA (captured CUDA graphs)"
+            }
             log(f"{name}/static-compiled: skipped: needs CUDA (captured CUDA graphs)")
             continue
         log(f"{name}: building random-weight models ({'tiny' if args.tiny else 'full'} shapes, {summary['dtype']})")
         t0 = time.perf_counter()
-        target = build_model(shapes["target"]["config"], device, dtype, args.seed + 10 * si, TINY if args.tiny else None)
-        draft = build_model(shapes["draft"]["config"], device, dtype, args.seed + 10 * si + 1,
-                            TINY_DRAFT if args.tiny else None)
+        target = build_model(
+            shapes["target"]["config"], device, dtype, args.seed + 10 * si, TINY if args.tiny else None
+        )
+        draft = build_model(
+            shapes["draft"]["config"], device, dtype, args.seed + 10 * si + 1, TINY_DRAFT if args.tiny else None
+        )
         vocab = min(target.config.vocab_size, draft.config.vocab_size)
         gen = torch.Generator().manual_seed(args.seed + si)
-        prompts = [torch.randint(3, vocab, (int(n),), generator=gen).tolist()
-                   for n in torch.randint(*((8, 14) if args.tiny else (16, 40)), (args.prompts,), generator=gen)]
-        info = {"target": {"name": shapes["target"].get("name"), "params": n_params(target)},
-                "draft": {"name": shapes["draft"].get("name"), "params": n_params(draft)},
-                "prompt_tokens": [len(p) for p in prompts]}
+        prompts = [
+            torch.randint(3, vocab, (int(n),), generator=gen).tolist()
+            for n in torch.randint(*((8, 14) if args.tiny else (16, 40)), (args.prompts,), generator=gen)
+        ]
+        info = {
+            "target": {"name": shapes["target"].get("name"), "params": n_params(target)},
+            "draft": {"name": shapes["draft"].get("name"), "params": n_params(draft)},
+            "prompt_tokens": [len(p) for p in prompts],
+        }
         models = [(target, "target"), (draft, "draft")]
         noisy = None
         if si == 0:  # the noise pair: the first shape pair's target and a noisy copy of it
@@ -521,31 +630,56 @@ def main(argv=None) -> dict:
                             raise TimeoutError(phase["compile_s"][label]["stopped"])
                 prof = profile_pair(pair, DEFAULT_MAX_WINDOW, args.context, args.repeats, args.warmup, progress=False)
                 if "compile_s" in phase:  # the shape pair's own models
-                    prof["compile_s"] = sum(v for label in ("target", "draft")
-                                            for v in phase["compile_s"][label].values() if isinstance(v, float))
-                prof["probe"] = {"issue": 25, "shapes": name, "shapes_file": str(shapes_file), "path": path,
-                                 "random_weights": True, "tiny": args.tiny,
-                                 "captured_buckets": {"target": list(BUCKETS), "draft": list(args.draft_buckets)}
-                                 if path in ("static-compiled", "static-padded") else None}
+                    prof["compile_s"] = sum(
+                        v
+                        for label in ("target", "draft")
+                        for v in phase["compile_s"][label].values()
+                        if isinstance(v, float)
+                    )
+                prof["probe"] = {
+                    "issue": 25,
+                    "shapes": name,
+                    "shapes_file": str(shapes_file),
+                    "path": path,
+                    "random_weights": True,
+                    "tiny": args.tiny,
+                    "captured_buckets": {"target": list(BUCKETS), "draft": list(args.draft_buckets)}
+                    if path in ("static-compiled", "static-padded")
+                    else None,
+                }
                 file = args.out / f"profile-{name}-{path}.json"
                 file.write_text(json.dumps(prof, indent=1) + "\n")
                 CostModel.load(file)  # what disco train --profile reads
                 summary["profiles"][key] = {"file": file.name, **profile_summary(prof)}
                 phase["profile"] = file.name
-                log(f"  profile: c_d/c_t(1) {prof['c_d_ratio']:.3f}, c_t(8)/c_t(1) {prof['c_t_ratio'][7]:.3f}, "
-                    f"c_t(1) {prof['c_t'][0] * 1e3:.2f} ms")
+                log(
+                    f"  profile: c_d/c_t(1) {prof['c_d_ratio']:.3f}, c_t(8)/c_t(1) {prof['c_t_ratio'][7]:.3f}, "
+                    f"c_t(1) {prof['c_t'][0] * 1e3:.2f} ms"
+                )
                 save()
                 cost = CostModel.from_dict(prof, file.name)
                 if noisy is not None:
                     log("  losslessness, noise pair, every policy")
                     phase["lossless_noise_pair"] = check_lossless(
-                        target, noisy, prompts, cfg, policies(vocab, device, cost, artifact, summary["skipped"]), dtype,
-                        clock)
+                        target,
+                        noisy,
+                        prompts,
+                        cfg,
+                        policies(vocab, device, cost, artifact, summary["skipped"]),
+                        dtype,
+                        clock,
+                    )
                     save()
                 log("  losslessness, shape pair, oracle")
                 phase["lossless_shape_pair"] = check_lossless(
-                    target, draft, prompts, cfg, {"oracle": lambda y: make_policy("oracle", target_tokens=y)}, dtype,
-                    clock)
+                    target,
+                    draft,
+                    prompts,
+                    cfg,
+                    {"oracle": lambda y: make_policy("oracle", target_tokens=y)},
+                    dtype,
+                    clock,
+                )
                 phase["status"] = "ok"
             except Exception as e:  # noqa: BLE001  (recorded; the next phase runs)
                 phase["status"] = "error: " + "".join(traceback.format_exception_only(type(e), e)).strip()
@@ -592,13 +726,15 @@ def across_paths(summary: dict) -> dict:
     paths = list(summary["paths"])
     for name in summary["shapes"]:
         for which in ("lossless_noise_pair", "lossless_shape_pair"):
-            got = {p: summary["paths"][p].get(name, {}).get(which, {}).get("target-only", {}).get("outputs")
-                   for p in paths}
+            got = {
+                p: summary["paths"][p].get(name, {}).get(which, {}).get("target-only", {}).get("outputs") for p in paths
+            }
             got = {p: v for p, v in got.items() if v is not None}
             if len(got) > 1:
                 first, ref = next(iter(got.items()))
                 out[f"{name}/{which.removeprefix('lossless_')}"] = {
-                    p: [a == b for a, b in zip(ref, v)] for p, v in got.items() if p != first} | {"reference": first}
+                    p: [a == b for a, b in zip(ref, v)] for p, v in got.items() if p != first
+                } | {"reference": first}
     return out
 
 

@@ -70,8 +70,9 @@ def shipped_factory(artifact):
     `disco train` found that faster."""
     if artifact.choice["policy"] == "threshold":
         return replay_policy("threshold", threshold=float(artifact.choice["setting"]))
-    return replay_policy("classifier", threshold=artifact.threshold, model=artifact, rule=artifact.rule,
-                         cost=artifact.cost_model())
+    return replay_policy(
+        "classifier", threshold=artifact.threshold, model=artifact, rule=artifact.rule, cost=artifact.cost_model()
+    )
 
 
 def shipped_setting(artifact) -> str:
@@ -99,14 +100,25 @@ def simulate_profiles(profiles, traces, artifact, max_window: int) -> dict:
             key, setting = _row_key(row)
             rows[key] = {**row, "tuned_value": setting}
         sim = simulate_many(traces, {SHIPPED: shipped}, max_window)[SHIPPED]
-        rows[SHIPPED] = {"policy": SHIPPED, "setting": shipped_setting(artifact), "tuned_value": None,
-                         **sim.summary(cost)}
+        rows[SHIPPED] = {
+            "policy": SHIPPED,
+            "setting": shipped_setting(artifact),
+            "tuned_value": None,
+            **sim.summary(cost),
+        }
         c_t = cost.c_t
-        out[label] = {"rows": rows, "ratios": {
-            "c_d / c_t(1)": cost.c_d / c_t[0], "c_t(8) / c_t(1)": c_t[7] / c_t[0] if len(c_t) >= 8 else None,
-            "c_t(21) / c_t(1)": c_t[20] / c_t[0] if len(c_t) >= 21 else None,
-            "c_t(1) ms": c_t[0] * 1e3, "compile_s": prof.get("compile_s"),
-            "device": prof.get("device_name"), "tiny": (prof.get("probe") or {}).get("tiny")}}
+        out[label] = {
+            "rows": rows,
+            "ratios": {
+                "c_d / c_t(1)": cost.c_d / c_t[0],
+                "c_t(8) / c_t(1)": c_t[7] / c_t[0] if len(c_t) >= 8 else None,
+                "c_t(21) / c_t(1)": c_t[20] / c_t[0] if len(c_t) >= 21 else None,
+                "c_t(1) ms": c_t[0] * 1e3,
+                "compile_s": prof.get("compile_s"),
+                "device": prof.get("device_name"),
+                "tiny": (prof.get("probe") or {}).get("tiny"),
+            },
+        }
     return out
 
 
@@ -114,52 +126,87 @@ def goals(results: dict) -> dict:
     cap = results.get(CAPTURED)
     if cap is None:
         return {"status": f"no {CAPTURED} profile"}
-    got = {"c_d / c_t(1)": cap["ratios"]["c_d / c_t(1)"], "c_t(8) / c_t(1)": cap["ratios"]["c_t(8) / c_t(1)"],
-           "shipped speedup": cap["rows"][SHIPPED]["speedup"]}
-    return {k: {"measured": v, "goal": f"{'>=' if k == 'shipped speedup' else '<='} {GOALS[k]}",
-                "met": (v >= GOALS[k]) if k == "shipped speedup" else (v <= GOALS[k])} for k, v in got.items()}
+    got = {
+        "c_d / c_t(1)": cap["ratios"]["c_d / c_t(1)"],
+        "c_t(8) / c_t(1)": cap["ratios"]["c_t(8) / c_t(1)"],
+        "shipped speedup": cap["rows"][SHIPPED]["speedup"],
+    }
+    return {
+        k: {
+            "measured": v,
+            "goal": f"{'>=' if k == 'shipped speedup' else '<='} {GOALS[k]}",
+            "met": (v >= GOALS[k]) if k == "shipped speedup" else (v <= GOALS[k]),
+        }
+        for k, v in got.items()
+    }
 
 
 def markdown(results: dict, meta: dict) -> str:
     labels = list(results)
-    lines = [f"Simulated speedup over target-only decoding: {meta['prompts']} prompts ({meta['which']}) of "
-             f"{', '.join(meta['traces'])}; classifier {meta['classifier']}; max window {meta['max_window']}; "
-             "cost models: the GPU probe's profiles (random-weight models of the pair's shapes). Tuned settings are "
-             "tuned on these same prompts, per path, as `disco train --profile` does.", ""]
+    lines = [
+        f"Simulated speedup over target-only decoding: {meta['prompts']} prompts ({meta['which']}) of "
+        f"{', '.join(meta['traces'])}; classifier {meta['classifier']}; max window {meta['max_window']}; "
+        "cost models: the GPU probe's profiles (random-weight models of the pair's shapes). Tuned settings are "
+        "tuned on these same prompts, per path, as `disco train --profile` does.",
+        "",
+    ]
     lines.append("| | " + " | ".join(labels) + " |")
     lines.append("|---|" + "---|" * len(labels))
-    for name, fmt in (("c_d / c_t(1)", "{:.3f}"), ("c_t(8) / c_t(1)", "{:.3f}"), ("c_t(21) / c_t(1)", "{:.3f}"),
-                      ("c_t(1) ms", "{:.2f}"), ("compile_s", "{:.0f}")):
-        cells = [fmt.format(results[lb]["ratios"][name]) if results[lb]["ratios"][name] is not None else "–"
-                 for lb in labels]
+    for name, fmt in (
+        ("c_d / c_t(1)", "{:.3f}"),
+        ("c_t(8) / c_t(1)", "{:.3f}"),
+        ("c_t(21) / c_t(1)", "{:.3f}"),
+        ("c_t(1) ms", "{:.2f}"),
+        ("compile_s", "{:.0f}"),
+    ):
+        cells = [
+            fmt.format(results[lb]["ratios"][name]) if results[lb]["ratios"][name] is not None else "–" for lb in labels
+        ]
         lines.append(f"| *{name}* | " + " | ".join(cells) + " |")
     keys = list(dict.fromkeys(k for lb in labels for k in results[lb]["rows"]))
     for key in keys:
         cells = []
         for lb in labels:
             row = results[lb]["rows"].get(key)
-            cells.append("–" if row is None else f"{row['speedup']:.2f}×"
-                         + (f" ({row['tuned_value']})" if row.get("tuned_value") is not None else ""))
+            cells.append(
+                "–"
+                if row is None
+                else f"{row['speedup']:.2f}×"
+                + (f" ({row['tuned_value']})" if row.get("tuned_value") is not None else "")
+            )
         name = f"**{key}**" if key == SHIPPED else key
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     g = meta["goals"]
     if "status" in g:
         lines += ["", f"Goals (issue 25): {g['status']}."]
     else:
-        lines += ["", "Goals (issue 25, captured path): " + "; ".join(
-            f"{k} {v['measured']:.3f} (goal {v['goal']}: {'met' if v['met'] else 'NOT met'})" for k, v in g.items()) + "."]
+        lines += [
+            "",
+            "Goals (issue 25, captured path): "
+            + "; ".join(
+                f"{k} {v['measured']:.3f} (goal {v['goal']}: {'met' if v['met'] else 'NOT met'})" for k, v in g.items()
+            )
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profiles", nargs="+", type=Path, required=True, help="the probe's --out folder(s) or profile files")
+    ap.add_argument(
+        "--profiles", nargs="+", type=Path, required=True, help="the probe's --out folder(s) or profile files"
+    )
     ap.add_argument("--traces", nargs="+", type=Path, required=True, help="trace folders (disco collect) of the pair")
     ap.add_argument("--classifier", type=Path, default=ARTIFACT, help="the shipped artifact")
-    ap.add_argument("--shapes", default="embedded-qwen2.5-coder", help="keep the probe profiles of this shape pair "
-                    "('' for all)")
-    ap.add_argument("--prompts", choices=("all", "validation"), default="all",
-                    help="tune and measure on every prompt given, or on the ones disco train holds out")
+    ap.add_argument(
+        "--shapes", default="embedded-qwen2.5-coder", help="keep the probe profiles of this shape pair ('' for all)"
+    )
+    ap.add_argument(
+        "--prompts",
+        choices=("all", "validation"),
+        default="all",
+        help="tune and measure on every prompt given, or on the ones disco train holds out",
+    )
     ap.add_argument("--max-window", type=int, default=DEFAULT_MAX_WINDOW)
     ap.add_argument("--out", type=Path, help="write the markdown table here (else stdout)")
     ap.add_argument("--json", type=Path, help="write every number here")
@@ -177,11 +224,17 @@ def main(argv=None) -> dict:
     artifact = load_artifact(args.classifier)
     trained_for = (artifact.manifest.get("pair") or {}).get("target")
     if trained_for and data.pair.get("target") and Path(str(trained_for)).name != Path(str(data.pair["target"])).name:
-        warnings.warn(f"{args.classifier} was trained for {trained_for}, the traces come from {data.pair['target']}",
-                      stacklevel=1)
+        warnings.warn(
+            f"{args.classifier} was trained for {trained_for}, the traces come from {data.pair['target']}", stacklevel=1
+        )
     results = simulate_profiles(profiles, traces, artifact, args.max_window)
-    meta = {"traces": [str(t) for t in args.traces], "prompts": len(traces), "which": args.prompts,
-            "classifier": str(args.classifier), "max_window": args.max_window}
+    meta = {
+        "traces": [str(t) for t in args.traces],
+        "prompts": len(traces),
+        "which": args.prompts,
+        "classifier": str(args.classifier),
+        "max_window": args.max_window,
+    }
     meta["goals"] = goals(results)
     text = markdown(results, meta)
     if args.out:

@@ -62,9 +62,11 @@ def main() -> None:
                 ts.append(time.perf_counter() - t0)
                 s.truncate(len(ids) - 1)
             times[k] = statistics.median(ts[3:])
-        print(f"repack={repack}: decode {times[1] * 1e3:.1f} ms; verify(k)/decode(1) "
-              f"{ {k: round(t / times[1], 2) for k, t in times.items()} }; (max |dlogit|, argmax flips / {N}) by k {diffs}",
-              flush=True)
+        print(
+            f"repack={repack}: decode {times[1] * 1e3:.1f} ms; verify(k)/decode(1) "
+            f"{ {k: round(t / times[1], 2) for k, t in times.items()} }; (max |dlogit|, argmax flips / {N}) by k {diffs}",
+            flush=True,
+        )
         eng.close()
 
 

@@ -42,8 +42,9 @@ def main() -> None:
 
     src = read_traces([args.traces])[0]
     manifest = src.manifest
-    config = DecodeConfig(max_new_tokens=manifest["generation"]["max_new_tokens"],
-                          max_window=manifest["generation"]["max_window"])
+    config = DecodeConfig(
+        max_new_tokens=manifest["generation"]["max_new_tokens"], max_window=manifest["generation"]["max_window"]
+    )
     chat = manifest["generation"]["chat"]
     traced = {tr.prompt_id: tr for tr in prompt_traces(src.rows, config.max_new_tokens)}
     # the prompts behind the trace, one per task in turn (the collector's own order)
@@ -68,10 +69,19 @@ def main() -> None:
         t1 = time.perf_counter()
         y = trace_prompt(pair, prompt_ids, config, table, pid, texts[pid].task)["target_token"].to_pylist()
         t2 = time.perf_counter()
-        out["collect"].append({"prompt": pid, "plain_s": t1 - t0, "collect_s": t2 - t1, "ratio": (t2 - t1) / (t1 - t0),
-                               "same_y": plain == y})
-        print(f"{pid}: plain {t1 - t0:.1f}s, collect {t2 - t1:.1f}s (x{(t2 - t1) / (t1 - t0):.2f}), same y: {plain == y}",
-              flush=True)
+        out["collect"].append(
+            {
+                "prompt": pid,
+                "plain_s": t1 - t0,
+                "collect_s": t2 - t1,
+                "ratio": (t2 - t1) / (t1 - t0),
+                "same_y": plain == y,
+            }
+        )
+        print(
+            f"{pid}: plain {t1 - t0:.1f}s, collect {t2 - t1:.1f}s (x{(t2 - t1) / (t1 - t0):.2f}), same y: {plain == y}",
+            flush=True,
+        )
         # 2. real vs simulated counts
         tr = traced[pid]
         sims = simulate_many([tr], {name: make() for name, make in policies.items()}, config.max_window)
@@ -79,12 +89,21 @@ def main() -> None:
             policy = make()(tr) if name != "classifier" else ClassifierPolicy.for_pair(art, pair)
             real = speculative_generate(pair.target, pair.draft, prompt_ids, policy, config, pair.eos_token_ids).stats
             sim = sims[name].totals
-            row = {"prompt": pid, "policy": name, "real_target": real.target_forwards, "sim_target": sim.target_forwards,
-                   "real_draft": real.draft_forwards, "sim_draft": sim.draft_forwards,
-                   "approx_drafts": sims[name].approx_drafts}
+            row = {
+                "prompt": pid,
+                "policy": name,
+                "real_target": real.target_forwards,
+                "sim_target": sim.target_forwards,
+                "real_draft": real.draft_forwards,
+                "sim_draft": sim.draft_forwards,
+                "approx_drafts": sims[name].approx_drafts,
+            }
             out["counts"].append(row)
-            print(f"  {name}: target forwards real {real.target_forwards} / sim {sim.target_forwards}, "
-                  f"draft forwards real {real.draft_forwards} / sim {sim.draft_forwards}", flush=True)
+            print(
+                f"  {name}: target forwards real {real.target_forwards} / sim {sim.target_forwards}, "
+                f"draft forwards real {real.draft_forwards} / sim {sim.draft_forwards}",
+                flush=True,
+            )
 
     out["collect_ratio_median"] = statistics.median(r["ratio"] for r in out["collect"])
     for name in policies:

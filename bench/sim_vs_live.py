@@ -48,8 +48,9 @@ def factories(labels: list[str], artifacts: dict[str, object], cost: CostModel, 
             if art.choice["policy"] == "threshold":
                 out[label] = replay_policy("threshold", threshold=float(art.choice["setting"]))
             else:
-                out[label] = replay_policy("classifier", threshold=art.threshold, model=art.model, rule=art.rule,
-                                           cost=art.cost_model() or cost)
+                out[label] = replay_policy(
+                    "classifier", threshold=art.threshold, model=art.model, rule=art.rule, cost=art.cost_model() or cost
+                )
     return out
 
 
@@ -70,8 +71,10 @@ def main(traces: str, compare_json: str, profile: str, *artifact_paths: str) -> 
     expected = simulate_many(prompt_traces(rows, src.max_new_tokens, expected=sampled), made, max_window)
     outcomes = simulate_many(prompt_traces(rows, src.max_new_tokens), made, max_window) if sampled else None
     print(f"{len(ids)} prompts; traces {traces} ({'sampled' if sampled else 'greedy'}); cost model {profile}")
-    print("| policy | live (cost model, pooled) | simulated" + (" (expected) | simulated (sampled outcomes) |"
-                                                             if sampled else " |"))
+    print(
+        "| policy | live (cost model, pooled) | simulated"
+        + (" (expected) | simulated (sampled outcomes) |" if sampled else " |")
+    )
     print("|---|---|---|" + ("---|" if sampled else ""))
     for label in made:
         line = f"| {label} | {live[label]['pooled']:.3f} | {expected[label].speedup(cost):.3f} |"

@@ -33,17 +33,27 @@ def main(rounds: int = 4) -> None:
                 session.prefill()
                 session.forward(ids[CONTEXT - 1 : CONTEXT], 1)
                 for k in WIDTHS if role == "target" else (1,):
-                    times[cache, role, k].append(_median_time(session, ids[CONTEXT : CONTEXT + k], CONTEXT,
-                                                              REPEATS, 1, pair.device))
+                    times[cache, role, k].append(
+                        _median_time(session, ids[CONTEXT : CONTEXT + k], CONTEXT, REPEATS, 1, pair.device)
+                    )
     med = {key: statistics.median(v) * 1e3 for key, v in times.items() if v}
     print(f"{rounds} rounds, each cache in turn; medians of per-round medians ({REPEATS} timed forwards), ms")
     print("| cache | draft step | target step | " + " | ".join(f"verify({k})" for k in WIDTHS[1:]) + " |")
     print("|---|---|---|" + "---|" * (len(WIDTHS) - 1))
     for c in ("dynamic", "static"):
-        print(f"| {c} | {med[c, 'draft', 1]:.1f} | {med[c, 'target', 1]:.1f} | "
-              + " | ".join(f"{med[c, 'target', k]:.1f}" for k in WIDTHS[1:]) + " |")
-    print("| static / dynamic | " + " | ".join(f"{med['static', r, k] / med['dynamic', r, k]:.3f}"
-                                              for r, k in [("draft", 1), ("target", 1)] + [("target", k) for k in WIDTHS[1:]]) + " |")
+        print(
+            f"| {c} | {med[c, 'draft', 1]:.1f} | {med[c, 'target', 1]:.1f} | "
+            + " | ".join(f"{med[c, 'target', k]:.1f}" for k in WIDTHS[1:])
+            + " |"
+        )
+    print(
+        "| static / dynamic | "
+        + " | ".join(
+            f"{med['static', r, k] / med['dynamic', r, k]:.3f}"
+            for r, k in [("draft", 1), ("target", 1)] + [("target", k) for k in WIDTHS[1:]]
+        )
+        + " |"
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,16 @@ def main() -> None:
     binary = server_binary()
     results = []
     for n_max, p_min in grid:
-        with LlamaServer(target.path, draft.path, threads=target.threads, ctx=target.n_ctx, binary=binary,
-                         n_max=n_max, p_min=p_min, progress=False) as srv:
+        with LlamaServer(
+            target.path,
+            draft.path,
+            threads=target.threads,
+            ctx=target.n_ctx,
+            binary=binary,
+            n_max=n_max,
+            p_min=p_min,
+            progress=False,
+        ) as srv:
             wall = tokens = drafted = accepted = 0
             for ids in encoded:
                 r = srv.complete(ids, config.max_new_tokens)
@@ -69,17 +77,32 @@ def main() -> None:
                 tokens += len(r["tokens"])
                 drafted += r["draft_n"] or 0
                 accepted += r["draft_n_accepted"] or 0
-        row = {"n_max": n_max, "p_min": p_min, "wall_s": wall, "tokens": tokens, "tok_s": tokens / wall,
-               "acceptance": accepted / drafted if drafted else None}
+        row = {
+            "n_max": n_max,
+            "p_min": p_min,
+            "wall_s": wall,
+            "tokens": tokens,
+            "tok_s": tokens / wall,
+            "acceptance": accepted / drafted if drafted else None,
+        }
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     best = max(results, key=lambda r: r["tok_s"])
-    out = {"n_max": best["n_max"], "p_min": best["p_min"], "criterion": "tokens/s over the validation prompts",
-           "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens, "grid": results,
-           "engine": pair.describe()["engine"], "date": time.strftime("%Y-%m-%d %H:%M")}
+    out = {
+        "n_max": best["n_max"],
+        "p_min": best["p_min"],
+        "criterion": "tokens/s over the validation prompts",
+        "prompts": [p.id for p in prompts],
+        "max_new_tokens": args.max_new_tokens,
+        "grid": results,
+        "engine": pair.describe()["engine"],
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     atomic_write_json(args.classifier / "server-tuned.json", out)
-    print(f"best: n-max {best['n_max']}, p-min {best['p_min']} ({best['tok_s']:.2f} tok/s); "
-          f"wrote {args.classifier / 'server-tuned.json'}")
+    print(
+        f"best: n-max {best['n_max']}, p-min {best['p_min']} ({best['tok_s']:.2f} tok/s); "
+        f"wrote {args.classifier / 'server-tuned.json'}"
+    )
 
 
 if __name__ == "__main__":

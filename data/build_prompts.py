@@ -66,7 +66,7 @@ STDLIB_EXPLAIN = [
     (("statistics",), "median", "median([3, 1, 4, 1])"),
     (("statistics",), "multimode", "multimode('aabbbbccddddeeffffgg')"),
     (("statistics",), "median_low", None),
-    (("shlex",), "quote", "quote(\"it's here\")"),
+    (("shlex",), "quote", 'quote("it\'s here")'),
     (("fnmatch",), "filter", None),
     (("posixpath",), "split", "split('/usr/local/lib/')"),
     (("posixpath",), "commonpath", None),
@@ -133,12 +133,39 @@ DOCSTRING_TEMPLATES = [
 
 # pydoc_data.topics keys whose first substantial prose passage is summarised.
 TOPIC_KEYS = [
-    "break", "continue", "while", "global", "nonlocal", "naming", "exceptions",
-    "context-managers", "integers", "numbers", "comparisons", "booleans",
-    "del", "return", "raise", "try", "typesmapping", "execmodel",
-    "dynamic-features", "function", "formatstrings", "typesmodules",
-    "typesmethods", "augassign", "specialnames", "in", "objects", "compound",
-    "lists", "unary", "exprlists", "attribute-references", "bitwise",
+    "break",
+    "continue",
+    "while",
+    "global",
+    "nonlocal",
+    "naming",
+    "exceptions",
+    "context-managers",
+    "integers",
+    "numbers",
+    "comparisons",
+    "booleans",
+    "del",
+    "return",
+    "raise",
+    "try",
+    "typesmapping",
+    "execmodel",
+    "dynamic-features",
+    "function",
+    "formatstrings",
+    "typesmodules",
+    "typesmethods",
+    "augassign",
+    "specialnames",
+    "in",
+    "objects",
+    "compound",
+    "lists",
+    "unary",
+    "exprlists",
+    "attribute-references",
+    "bitwise",
     "atom-literals",
 ]
 TOPIC_TEMPLATES = [
@@ -156,9 +183,11 @@ def _find_def(tree: ast.Module, qualname: str):
     node = None
     for part in qualname.split("."):
         node = next(
-            (n for n in body
-             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-             and n.name == part),
+            (
+                n
+                for n in body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+            ),
             None,
         )
         if node is None:
@@ -186,11 +215,9 @@ def stdlib_source(modules, qualname):
         start = min([node.lineno] + [d.lineno for d in node.decorator_list])
         drop = set()
         first = node.body[0]
-        if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                and isinstance(first.value.value, str)):
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
             if len(node.body) == 1 or first.lineno == node.lineno:
-                print(f"warning: {modname}.{qualname} has no body besides its docstring, skipped",
-                      file=sys.stderr)
+                print(f"warning: {modname}.{qualname} has no body besides its docstring, skipped", file=sys.stderr)
                 return None
             drop = set(range(first.lineno, first.end_lineno + 1))
             # also drop blank lines directly after the docstring
@@ -201,8 +228,7 @@ def stdlib_source(modules, qualname):
         kept = [lines[i - 1] for i in range(start, node.end_lineno + 1) if i not in drop]
         src = textwrap.dedent("\n".join(kept)).rstrip()
         if len(src.splitlines()) > MAX_SNIPPET_LINES:
-            print(f"warning: {modname}.{qualname} longer than {MAX_SNIPPET_LINES} lines, skipped",
-                  file=sys.stderr)
+            print(f"warning: {modname}.{qualname} longer than {MAX_SNIPPET_LINES} lines, skipped", file=sys.stderr)
             return None
         return PUBLIC_NAME.get(modname, modname), src
     print(f"warning: {'/'.join(modules)}.{qualname} not found, skipped", file=sys.stderr)
@@ -242,8 +268,7 @@ def stdlib_docstring_prompts():
 
 
 def _is_heading(block_lines):
-    return len(block_lines) >= 2 and block_lines[-1].strip() != "" \
-        and set(block_lines[-1].strip()) <= set("*=-~^")
+    return len(block_lines) >= 2 and block_lines[-1].strip() != "" and set(block_lines[-1].strip()) <= set("*=-~^")
 
 
 _SENTENCE_END = re.compile(r"[.!?][)\"\u201d\u2019]*$")
@@ -326,12 +351,14 @@ def topic_prompts():
 # Assembly
 # ---------------------------------------------------------------------------
 
+
 def categories():
     """task -> list of (category name, list of prompt strings), in fixed order."""
     paragraphs = [f"{instr}\n\n{para}" for instr, para in prompts_explain.PARAGRAPHS]
     return {
         "code": list(prompts_code.CATEGORIES),
-        "explain": list(prompts_explain.CATEGORIES) + [
+        "explain": list(prompts_explain.CATEGORIES)
+        + [
             ("paragraph", paragraphs),
             ("stdlib_explain", stdlib_explain_prompts()),
             ("stdlib_docstring", stdlib_docstring_prompts()),
@@ -416,15 +443,18 @@ def validate(texts: dict[str, str]) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true",
-                    help="do not write; exit 1 if the files on disk differ from a fresh build")
+    ap.add_argument(
+        "--check", action="store_true", help="do not write; exit 1 if the files on disk differ from a fresh build"
+    )
     ap.add_argument("--out", type=Path, default=HERE, help="output directory (default: data/)")
     args = ap.parse_args(argv)
 
     if sys.version_info[:2] != BUILT_WITH:
-        print(f"note: committed files were built with Python {BUILT_WITH[0]}.{BUILT_WITH[1]}; "
-              f"stdlib-derived explain prompts may differ on {sys.version_info[0]}.{sys.version_info[1]}",
-              file=sys.stderr)
+        print(
+            f"note: committed files were built with Python {BUILT_WITH[0]}.{BUILT_WITH[1]}; "
+            f"stdlib-derived explain prompts may differ on {sys.version_info[0]}.{sys.version_info[1]}",
+            file=sys.stderr,
+        )
 
     texts = {name: serialise(recs) for name, recs in build().items()}
     problems = validate(texts)

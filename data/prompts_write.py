@@ -6,7 +6,7 @@ Read by build_prompts.py. Each category is a list of prompt strings.
 STORIES = [
     "Write a short story (about 200 words) about a lighthouse keeper who receives a letter addressed to someone who died fifty years ago.",
     "Write a very short story in which a robot vacuum cleaner slowly realises that the family cat is its only friend.",
-    "Write a short story that begins with the sentence: \"The bakery had been closed for ten years, but every morning the smell of bread still drifted out of it.\"",
+    'Write a short story that begins with the sentence: "The bakery had been closed for ten years, but every morning the smell of bread still drifted out of it."',
     "Write a 150-word science fiction story set on a generation ship, told from the point of view of a child who has never seen a planet.",
     "Write a short mystery story in which the detective solves the case because of a detail in a grocery list.",
     "Write a short, funny story about a wizard whose spells only work if he says them in rhyme, on a day when he has a terrible cold.",
@@ -70,7 +70,7 @@ POEMS = [
     "Write a short poem from the point of view of an old oak tree watching a village change over a century.",
     "Write a humorous poem about a printer that only jams when someone is in a hurry.",
     "Write an ode to a bicycle, in about twelve lines.",
-    "Write a short poem about the moon that does not use the words \"silver\", \"glow\" or \"night\".",
+    'Write a short poem about the moon that does not use the words "silver", "glow" or "night".',
     "Write a poem about a grandmother's recipe book, with the handwriting as a central image.",
     "Write an acrostic poem on the word OCEAN.",
     "Write a short poem about the last train home, using at least three images of light.",

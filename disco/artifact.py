@@ -44,13 +44,35 @@ ARTIFACT_FORMAT = 2  # bump when the folder layout changes; 2: integrity_sha256 
 # The manifest fields that decide what the policy does (or which pair it may run on): hashed with the
 # model file's sha256 at training, so that an edited manifest is refused like an edited model file.
 # The rest (metrics, speedup tables, training record) is description and may be annotated.
-INTEGRITY_FIELDS = ("format", "kind", "model_file", "model_sha256", "features", "columns", "head", "hidden",
-                    "threshold", "rule", "choice", "calibration", "cost_model", "tuned", "max_window", "sampling",
-                    "pair", "tokenizer_hash")
+INTEGRITY_FIELDS = (
+    "format",
+    "kind",
+    "model_file",
+    "model_sha256",
+    "features",
+    "columns",
+    "head",
+    "hidden",
+    "threshold",
+    "rule",
+    "choice",
+    "calibration",
+    "cost_model",
+    "tuned",
+    "max_window",
+    "sampling",
+    "pair",
+    "tokenizer_hash",
+)
 MANIFEST = "manifest.json"
 METRICS = "metrics.md"
-MODEL_FILES = {"lightgbm": "model.txt", "logistic": "model.json", "mlp": "model.json", "head": "model.safetensors",
-               "joblib": "model.joblib"}
+MODEL_FILES = {
+    "lightgbm": "model.txt",
+    "logistic": "model.json",
+    "mlp": "model.json",
+    "head": "model.safetensors",
+    "joblib": "model.joblib",
+}
 _ACTIVATIONS = ("identity", "relu", "tanh", "logistic")
 
 
@@ -62,8 +84,11 @@ def _as_2d(X: np.ndarray, hidden_dim: int = 0) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
     X = X.reshape(1, -1) if X.ndim == 1 else X
     if X.ndim != 2 or X.shape[1] != len(FEATURES) + hidden_dim:
-        raise DiscoError(f"expected rows of {len(FEATURES)} features (FEATURES order)"
-                         + (f" + {hidden_dim} hidden dims" if hidden_dim else "") + f", got shape {X.shape}")
+        raise DiscoError(
+            f"expected rows of {len(FEATURES)} features (FEATURES order)"
+            + (f" + {hidden_dim} hidden dims" if hidden_dim else "")
+            + f", got shape {X.shape}"
+        )
     return X
 
 
@@ -76,8 +101,16 @@ class DenseModel:
     Logistic regression is the case with one layer; sklearn's MLPClassifier the general one.
     Plain arrays: they serialise to JSON and run in numpy (simulator, host) or torch (device)."""
 
-    def __init__(self, kind: str, mean: np.ndarray, scale: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]],
-                 activation: str = "identity", columns: Sequence[int] | None = None, hidden_dim: int = 0) -> None:
+    def __init__(
+        self,
+        kind: str,
+        mean: np.ndarray,
+        scale: np.ndarray,
+        layers: list[tuple[np.ndarray, np.ndarray]],
+        activation: str = "identity",
+        columns: Sequence[int] | None = None,
+        hidden_dim: int = 0,
+    ) -> None:
         if activation not in _ACTIVATIONS:
             raise DiscoError(f"unknown activation {activation!r}")
         self.kind, self.activation, self.hidden_dim = kind, activation, hidden_dim
@@ -106,7 +139,7 @@ class DenseModel:
     def _inputs(self, X: np.ndarray) -> np.ndarray:
         """The features it reads, then the hidden state (a head): X holds FEATURES [+ hidden]."""
         X = _as_2d(X, self.hidden_dim)
-        return np.concatenate([X[:, self.columns], X[:, len(FEATURES):]], 1) if self.hidden_dim else X[:, self.columns]
+        return np.concatenate([X[:, self.columns], X[:, len(FEATURES) :]], 1) if self.hidden_dim else X[:, self.columns]
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         z = (self._inputs(X) - self.mean) / self.scale
@@ -137,15 +170,26 @@ class DenseModel:
         return predict
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "activation": self.activation, "columns": self.columns,
-                "mean": self.mean.tolist(), "scale": self.scale.tolist(),
-                "layers": [{"W": W.tolist(), "b": b.tolist()} for W, b in self.layers]}
+        return {
+            "kind": self.kind,
+            "activation": self.activation,
+            "columns": self.columns,
+            "mean": self.mean.tolist(),
+            "scale": self.scale.tolist(),
+            "layers": [{"W": W.tolist(), "b": b.tolist()} for W, b in self.layers],
+        }
 
     @classmethod
     def from_json(cls, data: dict, columns: Sequence[int] | None = None) -> DenseModel:
         layers = [(np.array(layer["W"]), np.array(layer["b"])) for layer in data["layers"]]
-        return cls(data["kind"], np.array(data["mean"]), np.array(data["scale"]), layers, data["activation"],
-                   data["columns"] if columns is None else columns)
+        return cls(
+            data["kind"],
+            np.array(data["mean"]),
+            np.array(data["scale"]),
+            layers,
+            data["activation"],
+            data["columns"] if columns is None else columns,
+        )
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
         """The weights as named tensors (safetensors: no code runs when they are loaded)."""
@@ -156,8 +200,9 @@ class DenseModel:
         return out
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], activation: str, columns: Sequence[int],
-                     hidden_dim: int) -> DenseModel:
+    def from_tensors(
+        cls, tensors: dict[str, torch.Tensor], activation: str, columns: Sequence[int], hidden_dim: int
+    ) -> DenseModel:
         n = sum(1 for k in tensors if k.startswith("W"))
         layers = [(tensors[f"W{i}"].numpy(), tensors[f"b{i}"].numpy()) for i in range(n)]
         return cls("head", tensors["mean"].numpy(), tensors["scale"].numpy(), layers, activation, columns, hidden_dim)
@@ -291,9 +336,13 @@ class Artifact:
         trained = describe(self.sampling["temperature"], self.sampling["top_p"])
         running = describe(temperature, top_p)
         if trained != running:  # (top-p plays no part in greedy decoding)
-            warnings.warn(f"{self.path} was trained for {trained} but runs at {running}: its setting was tuned for "
-                          "the other; collect and train at this setting (disco collect --temperature) for the best "
-                          "policy", SamplingMismatch, stacklevel=3)
+            warnings.warn(
+                f"{self.path} was trained for {trained} but runs at {running}: its setting was tuned for "
+                "the other; collect and train at this setting (disco collect --temperature) for the best "
+                "policy",
+                SamplingMismatch,
+                stacklevel=3,
+            )
 
     @property
     def rule_settings(self) -> dict[str, float]:
@@ -316,7 +365,11 @@ class Artifact:
         from disco.features import hidden_projection
 
         info = self.manifest.get("hidden") or {}
-        return hidden_projection(int(info["dim"]), int(info["projection_seed"])) if info.get("projection_seed") is not None else None
+        return (
+            hidden_projection(int(info["dim"]), int(info["projection_seed"]))
+            if info.get("projection_seed") is not None
+            else None
+        )
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """(n, F [+ H]) or (F [+ H],) -> (n,) calibrated probability that the target accepts the token."""
@@ -352,8 +405,10 @@ def integrity_sha256(manifest: dict) -> str:
 
 def _modified(file: Path) -> DiscoError:
     """The one error for an artifact changed after training, whichever file changed."""
-    return DiscoError(f"{file} does not match the sha256 in its manifest: the artifact was modified after training; "
-                      "retrain it or restore the original files")
+    return DiscoError(
+        f"{file} does not match the sha256 in its manifest: the artifact was modified after training; "
+        "retrain it or restore the original files"
+    )
 
 
 def rehash_artifact(folder: str | Path) -> Path:
@@ -370,8 +425,9 @@ def rehash_artifact(folder: str | Path) -> Path:
     return folder
 
 
-def save_artifact(folder: str | Path, model: Model, manifest: dict, report_md: str = "",
-                  trust_pickle: bool = False) -> Path:
+def save_artifact(
+    folder: str | Path, model: Model, manifest: dict, report_md: str = "", trust_pickle: bool = False
+) -> Path:
     """Write the model file, the report and, last, the manifest (so that a folder interrupted
     mid-write never pairs a manifest with a model it does not describe). `manifest` holds the
     training-side fields (threshold, pair, metrics, training data, …)."""
@@ -423,8 +479,10 @@ def _check_pair(manifest: dict, expect_pair, path: Path) -> None:
     want = expect_pair.describe() if hasattr(expect_pair, "describe") else dict(expect_pair)
     have = manifest.get("pair") or {}
     if have.get("tokenizer_hash") and want.get("tokenizer_hash") and have["tokenizer_hash"] != want["tokenizer_hash"]:
-        raise DiscoError(f"{path} was trained for a pair with another tokenizer ({have['tokenizer_hash']}, "
-                         f"this pair's is {want['tokenizer_hash']}): train a classifier on this pair's traces")
+        raise DiscoError(
+            f"{path} was trained for a pair with another tokenizer ({have['tokenizer_hash']}, "
+            f"this pair's is {want['tokenizer_hash']}): train a classifier on this pair's traces"
+        )
     for role in ("target", "draft"):
         # compare model names, not paths: a moved model folder is the same model
         a, b = have.get(role), want.get(role)
@@ -434,9 +492,12 @@ def _check_pair(manifest: dict, expect_pair, path: Path) -> None:
     # classifier still works, but its features and tuned threshold were fitted elsewhere. Warn.
     trained, running = engine_label(have), engine_label(want)
     if trained != running:
-        warnings.warn(f"{path} was trained on {trained} traces but runs on {running}: its threshold was tuned for "
-                      f"the other engine; collect and train on this engine for the best policy", EngineMismatch,
-                      stacklevel=3)
+        warnings.warn(
+            f"{path} was trained on {trained} traces but runs on {running}: its threshold was tuned for "
+            f"the other engine; collect and train on this engine for the best policy",
+            EngineMismatch,
+            stacklevel=3,
+        )
 
 
 class EngineMismatch(UserWarning):
@@ -448,7 +509,7 @@ class SamplingMismatch(UserWarning):
 
 
 def engine_label(pair_info: dict) -> str:
-    """"llama.cpp" or "torch": the engine of a pair's describe() dict (its verification mode and
+    """ "llama.cpp" or "torch": the engine of a pair's describe() dict (its verification mode and
     threads change how fast, not what the classifier sees). Manifests written before engines were
     recorded came from the torch engine."""
     return (pair_info.get("engine") or {"name": "torch"})["name"]
@@ -468,12 +529,16 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
         kind, model_file, features = manifest["kind"], path / manifest["model_file"], manifest["features"]
         float(manifest["threshold"])
     except (KeyError, TypeError, ValueError) as e:
-        raise DiscoError(f"{path / MANIFEST} lacks or garbles a required field ({e}): the artifact is damaged") from None
+        raise DiscoError(
+            f"{path / MANIFEST} lacks or garbles a required field ({e}): the artifact is damaged"
+        ) from None
     used = manifest.get("columns", features)
     unknown = [f for f in used if f not in FEATURES]
     if unknown or not used:
-        raise DiscoError(f"{path} reads features this disco does not compute ({', '.join(unknown) or 'none listed'}): "
-                         "retrain it with disco train")
+        raise DiscoError(
+            f"{path} reads features this disco does not compute ({', '.join(unknown) or 'none listed'}): "
+            "retrain it with disco train"
+        )
     if kind not in MODEL_FILES or model_file.name != MODEL_FILES[kind]:
         raise DiscoError(f"{path}: unknown model kind {kind!r} or model file {model_file.name!r}")
     if not model_file.is_file():
@@ -481,10 +546,14 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
     if _sha256(model_file) != manifest.get("model_sha256"):
         raise _modified(model_file)
     if not isinstance(manifest.get("format", 1), int):
-        raise DiscoError(f"{path / MANIFEST}: format {manifest.get('format')!r} is not an artifact's: the artifact is damaged")
+        raise DiscoError(
+            f"{path / MANIFEST}: format {manifest.get('format')!r} is not an artifact's: the artifact is damaged"
+        )
     if manifest.get("format", 1) > ARTIFACT_FORMAT:
-        raise DiscoError(f"{path} was written by a newer disco (artifact format {manifest['format']}, this one reads "
-                         f"up to {ARTIFACT_FORMAT}): upgrade disco")
+        raise DiscoError(
+            f"{path} was written by a newer disco (artifact format {manifest['format']}, this one reads "
+            f"up to {ARTIFACT_FORMAT}): upgrade disco"
+        )
     if manifest.get("format", 1) >= 2 and manifest.get("integrity_sha256") != integrity_sha256(manifest):
         raise _modified(path / MANIFEST)
     if expect_pair is not None:
@@ -494,23 +563,28 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
     if hidden_dim and expect_pair is not None and hasattr(expect_pair, "draft_hidden_size"):
         info = manifest.get("hidden") or {}
         if int(info.get("dim", -1)) != expect_pair.draft_hidden_size:
-            raise DiscoError(f"{path} reads a draft hidden state of {info.get('dim')} dims, but this pair's draft has "
-                             f"{expect_pair.draft_hidden_size}: train a classifier on this pair's traces")
+            raise DiscoError(
+                f"{path} reads a draft hidden state of {info.get('dim')} dims, but this pair's draft has "
+                f"{expect_pair.draft_hidden_size}: train a classifier on this pair's traces"
+            )
     try:
         if kind == "lightgbm":
             model: Model = LightGBMModel.from_text(model_file.read_text(), columns)
         elif kind == "joblib":
             if not trust_pickle:
-                raise DiscoError(f"{path} holds a pickled model (model.joblib), which can run arbitrary code when "
-                                 "loaded: pass --trust-pickle only if you trust its source")
+                raise DiscoError(
+                    f"{path} holds a pickled model (model.joblib), which can run arbitrary code when "
+                    "loaded: pass --trust-pickle only if you trust its source"
+                )
             import joblib
 
             model = JoblibModel(joblib.load(model_file), columns)
         elif kind == "head":
             from safetensors.torch import load
 
-            model = DenseModel.from_tensors(load(model_file.read_bytes()), manifest["head"]["activation"], columns,
-                                            hidden_dim)
+            model = DenseModel.from_tensors(
+                load(model_file.read_bytes()), manifest["head"]["activation"], columns, hidden_dim
+            )
         else:
             model = DenseModel.from_json(json.loads(model_file.read_text()), columns)
     except DiscoError:
@@ -534,5 +608,7 @@ def _check_width(path: Path, model: Model, used: Sequence[str]) -> None:
     named = names is not None and not all(a.startswith("Column_") for a in names)  # LightGBM's default names
     if n != len(used) or (named and names != list(used)):
         what = f"{n} inputs" + (f" ({', '.join(names[:3])}, …)" if named else "")
-        raise DiscoError(f"{path / MANIFEST}: its {len(used)} columns do not match the model's {what}: the artifact "
-                         "is inconsistent; retrain it or restore the original files")
+        raise DiscoError(
+            f"{path / MANIFEST}: its {len(used)} columns do not match the model's {what}: the artifact "
+            "is inconsistent; retrain it or restore the original files"
+        )

@@ -69,8 +69,10 @@ def check_options(command: str, options: dict[str, Any]) -> None:
     check_ranges(command, o)
     engine = check_engine_options(o) if "engine" in o else None
     if o.get("temperature", None) == 0 and o.get("top_p", 1.0) != 1.0:
-        raise DiscoError(f"--top-p {o['top_p']:g} applies to sampling only and this run decodes greedily: drop --top-p, "
-                         "or add --temperature above 0")
+        raise DiscoError(
+            f"--top-p {o['top_p']:g} applies to sampling only and this run decodes greedily: drop --top-p, "
+            "or add --temperature above 0"
+        )
     for traces in o.get("traces") or []:  # inputs first: a mistyped --traces is the likelier mistake
         if not Path(traces).exists():
             raise DiscoError(f"no trace folder or .parquet file at {traces} (make traces with: disco collect)")
@@ -97,8 +99,9 @@ def _refuse(flag: str, owner: str, engine: str) -> DiscoError:
     from disco.engines.registry import ENGINE_KINDS
 
     fix = ENGINE_KINDS[owner].select_hint
-    return DiscoError(f"{flag} applies to the {owner} engine only, and this run uses {engine}: drop {flag.split()[0]}, "
-                      f"or add {fix}")
+    return DiscoError(
+        f"{flag} applies to the {owner} engine only, and this run uses {engine}: drop {flag.split()[0]}, or add {fix}"
+    )
 
 
 def check_engine_options(o: dict[str, Any]) -> str:
@@ -118,7 +121,11 @@ def check_engine_options(o: dict[str, Any]) -> str:
         for name, flag in kind.owned_options:
             value = given.get(name, getattr(defaults, name))  # as given (a pair file sets no engine option)
             if value != getattr(defaults, name):
-                shown = (flag if value else flag.replace("--", "--no-", 1)) if isinstance(value, bool) else f"{flag} {value}"
+                shown = (
+                    (flag if value else flag.replace("--", "--no-", 1))
+                    if isinstance(value, bool)
+                    else f"{flag} {value}"
+                )
                 raise _refuse(shown, owner, engine)
     for role, path in (("target", options.target), ("draft", options.draft)):
         if path is not None and str(path).endswith(".gguf") and Path(path).expanduser().is_file():
@@ -134,16 +141,18 @@ def check_gguf(path: Path, role: str = "model") -> None:
     from disco.engines.llamacpp import is_gguf
 
     if not is_gguf(path):
-        raise DiscoError(f"the {role} {path} is not a GGUF file (no GGUF header): give a GGUF file, or a transformers "
-                         "model folder")
+        raise DiscoError(
+            f"the {role} {path} is not a GGUF file (no GGUF header): give a GGUF file, or a transformers model folder"
+        )
     size = path.stat().st_size
     try:
         reader = GGUFReader(path)
         end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     except Exception as e:  # any parse failure means the same to the user: the file is not whole
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DiscoError(f"the {role} {path} is damaged or truncated (not a readable GGUF file: {first}): copy or "
-                         "download it again") from None
+        raise DiscoError(
+            f"the {role} {path} is damaged or truncated (not a readable GGUF file: {first}): copy or download it again"
+        ) from None
     if end > size:
         raise DiscoError(f"the {role} {path} is truncated ({size} of at least {end} bytes): copy or download it again")
 
@@ -162,8 +171,10 @@ def check_outputs(command: str, o: dict[str, Any]) -> None:
         for traces in o.get("traces") or []:
             t = Path(traces).resolve()
             if out == t or t in out.parents or out in t.parents:
-                raise DiscoError(f"--out {o['out']} and --traces {traces} overlap: writing the artifact there would "
-                                 "replace the traces; choose another --out, e.g. models/NAME")
+                raise DiscoError(
+                    f"--out {o['out']} and --traces {traces} overlap: writing the artifact there would "
+                    "replace the traces; choose another --out, e.g. models/NAME"
+                )
         check_out_dir(o["out"], "--out", o.get("overwrite", False), "artifact")
     elif command == "collect":
         from disco.collect import check_trace_out, probe_lock
@@ -190,9 +201,14 @@ def check_compare_rows(o: dict[str, Any], engine: str | None) -> None:
     classifiers = o.get("classifier") or []
     tuned = tuned_from_artifact(classifiers[0]) if classifiers else {}
     sampling = o.get("temperature", 0) > 0
-    entries = default_entries(classifiers[0] if classifiers else None, o.get("tuned_k") or tuned.get("k"),
-                              o.get("tuned_threshold") or tuned.get("threshold"), tuned=tuned, sampling=sampling,
-                              more_classifiers=classifiers[1:])
+    entries = default_entries(
+        classifiers[0] if classifiers else None,
+        o.get("tuned_k") or tuned.get("k"),
+        o.get("tuned_threshold") or tuned.get("threshold"),
+        tuned=tuned,
+        sampling=sampling,
+        more_classifiers=classifiers[1:],
+    )
     here = ENGINE_KINDS[engine].anchor_names if engine is not None else ()
     if select_entries(entries, o["policies"]) or (o.get("anchor", True) and set(here) & set(_names(o["policies"]))):
         return
@@ -211,8 +227,10 @@ def check_compare_rows(o: dict[str, Any], engine: str | None) -> None:
             why.append("oracle is defined for greedy decoding only (--temperature 0)")
         elif name == "target":
             why.append("target-only runs anyway")
-    raise DiscoError(f"--policies {o['policies']} selects no row to run beside target-only ({'; '.join(why) or 'none applies'}): "
-                     "choose other rows, or drop --policies for all of them")
+    raise DiscoError(
+        f"--policies {o['policies']} selects no row to run beside target-only ({'; '.join(why) or 'none applies'}): "
+        "choose other rows, or drop --policies for all of them"
+    )
 
 
 def _names(policies: str) -> list[str]:

@@ -62,8 +62,15 @@ class Predictor(Protocol):
 class ClassifierPolicy(PolicyBase):
     name = "classifier"
 
-    def __init__(self, model: Predictor, setting: float, token_classes: torch.Tensor | None = None,
-                 rule: str = DEFAULT_RULE, cost=None, project: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        model: Predictor,
+        setting: float,
+        token_classes: torch.Tensor | None = None,
+        rule: str = DEFAULT_RULE,
+        cost=None,
+        project: torch.Tensor | None = None,
+    ) -> None:
         if rule not in RULES:
             raise DiscoError(f"unknown classifier rule {rule!r}: choose one of {', '.join(RULES)}")
         costly = rule.startswith("cost")
@@ -87,8 +94,15 @@ class ClassifierPolicy(PolicyBase):
         self._predict: Callable[[torch.Tensor], torch.Tensor] | None = None  # built on the first live step
 
     @classmethod
-    def for_pair(cls, artifact, pair, setting: float | None = None, trust_pickle: bool = False,
-                 rule: str | None = None, sampling: tuple[float, float] | None = None):
+    def for_pair(
+        cls,
+        artifact,
+        pair,
+        setting: float | None = None,
+        trust_pickle: bool = False,
+        rule: str | None = None,
+        sampling: tuple[float, float] | None = None,
+    ):
         """The policy an artifact chose for `pair` (folder or loaded Artifact): this classifier under its
         tuned rule, or the tuned threshold when `disco train` found that faster. `rule` / `setting`:
         run the classifier under another rule (at its tuned setting) / another setting. The artifact
@@ -109,8 +123,10 @@ class ClassifierPolicy(PolicyBase):
         if setting is None:
             setting = artifact.threshold if rule == artifact.rule else artifact.rule_settings.get(rule)
             if setting is None:
-                raise DiscoError(f"{artifact.path} has no tuned setting for the {rule} rule: give one "
-                                 "(--classifier-threshold) or retrain it with this disco")
+                raise DiscoError(
+                    f"{artifact.path} has no tuned setting for the {rule} rule: give one "
+                    "(--classifier-threshold) or retrain it with this disco"
+                )
         return cls(artifact, setting, pair.token_classes(), rule, artifact.cost_model(), artifact.projection())
 
     def fresh(self) -> ClassifierPolicy:

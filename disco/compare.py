@@ -54,10 +54,17 @@ class Entry:
 VARIANT_ROWS = ("classifier", "oracle")
 
 
-def default_entries(classifier: str | None = None, tuned_k: int | None = None,
-                    tuned_threshold: float | None = None, pair: Pair | None = None, include_anchor: bool = True,
-                    anchor_settings: dict | None = None, tuned: dict | None = None, sampling: bool = False,
-                    more_classifiers: Sequence[str] = ()) -> list[Entry]:
+def default_entries(
+    classifier: str | None = None,
+    tuned_k: int | None = None,
+    tuned_threshold: float | None = None,
+    pair: Pair | None = None,
+    include_anchor: bool = True,
+    anchor_settings: dict | None = None,
+    tuned: dict | None = None,
+    sampling: bool = False,
+    more_classifiers: Sequence[str] = (),
+) -> list[Entry]:
     """The standard line-up: every policy (AdaEDL and SVIP at their papers' settings), plus tuned
     baselines and the classifier when known (what `disco train` chose, and each of its rules at its
     tuned setting), and, given the pair, its engine's own speculative decoding (Engine.anchors:
@@ -80,24 +87,35 @@ def default_entries(classifier: str | None = None, tuned_k: int | None = None,
     if tuned_k is not None and tuned_k != DEFAULT_K:
         entries.insert(1, Entry(f"constant k={tuned_k} (tuned)", PolicySpec("constant", k=tuned_k)))
     if tuned_threshold is not None:
-        entries.insert(-1, Entry(f"threshold {tuned_threshold:.2f} (tuned)", PolicySpec("threshold", threshold=tuned_threshold)))
+        entries.insert(
+            -1, Entry(f"threshold {tuned_threshold:.2f} (tuned)", PolicySpec("threshold", threshold=tuned_threshold))
+        )
     if tuned.get("adaedl_lambda") is not None:
-        entries.insert(-1, Entry(f"adaedl λ0={tuned['adaedl_lambda']:g} (tuned)", PolicySpec("adaedl", lam=tuned["adaedl_lambda"])))
+        entries.insert(
+            -1, Entry(f"adaedl λ0={tuned['adaedl_lambda']:g} (tuned)", PolicySpec("adaedl", lam=tuned["adaedl_lambda"]))
+        )
     if tuned.get("svip_h") is not None:
         entries.insert(-1, Entry(f"svip h={tuned['svip_h']:g} (tuned)", PolicySpec("svip", h=tuned["svip_h"])))
     if classifier is not None:
         entries.insert(-1, Entry("classifier", PolicySpec("classifier", classifier=classifier)))
         for rule, setting in (tuned.get("rules") or {}).items():
-            entries.insert(-1, Entry(f"classifier {rule} rule {setting:g} (tuned)",
-                                     PolicySpec("classifier", classifier=classifier, classifier_rule=rule,
-                                                classifier_threshold=setting)))
+            entries.insert(
+                -1,
+                Entry(
+                    f"classifier {rule} rule {setting:g} (tuned)",
+                    PolicySpec("classifier", classifier=classifier, classifier_rule=rule, classifier_threshold=setting),
+                ),
+            )
     for other in more_classifiers:
         entries.insert(-1, Entry(f"classifier ({Path(other).name})", PolicySpec("classifier", classifier=other)))
     if pair is not None:
         engine = pair.target_engine
         for variant in engine.variants():
-            entries += [Entry(e.label + variant.suffix, e.spec, variant=variant) for e in entries
-                        if e.label in VARIANT_ROWS or e.label.endswith("(tuned)") and e.spec.name == "threshold"]
+            entries += [
+                Entry(e.label + variant.suffix, e.spec, variant=variant)
+                for e in entries
+                if e.label in VARIANT_ROWS or e.label.endswith("(tuned)") and e.spec.name == "threshold"
+            ]
         if include_anchor:
             entries += [Entry(a.label, own=a) for a in engine.anchors(pair, anchor_settings or {})]
     if sampling:
@@ -153,9 +171,17 @@ def check_seeds(seeds: int, temperature: float) -> None:
         raise DiscoError(f"--seeds {seeds}: give 1, or more with --temperature > 0 (greedy decoding is deterministic)")
 
 
-def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config: DecodeConfig,
-                out_dir: Path, chat: bool | None = None, progress: bool = True, plots: bool = True,
-                seeds: int = 1) -> dict:
+def run_compare(
+    pair: Pair,
+    prompts: list[Prompt],
+    entries: list[Entry],
+    config: DecodeConfig,
+    out_dir: Path,
+    chat: bool | None = None,
+    progress: bool = True,
+    plots: bool = True,
+    seeds: int = 1,
+) -> dict:
     """Run every entry on every prompt (with `seeds` seeds config.seed, config.seed + 1, … when sampling);
     write compare.json, table.md and plots into out_dir."""
     sampled = config.temperature > 0
@@ -164,8 +190,10 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
         raise DiscoError("no policy row to run beside target-only: choose rows with --policies (or drop it)")
     greedy_only = sorted({e.spec.name for e in entries if e.spec is not None and e.spec.kind.greedy_only})
     if sampled and greedy_only:
-        raise DiscoError(f"the {', '.join(greedy_only)} policy is defined for greedy decoding only: leave it out of "
-                         "--policies when sampling")
+        raise DiscoError(
+            f"the {', '.join(greedy_only)} policy is defined for greedy decoding only: leave it out of "
+            "--policies when sampling"
+        )
     from tqdm import tqdm
 
     per_prompt: list[dict] = []
@@ -182,8 +210,13 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
                 cfg = replace(config, seed=config.seed + s)
                 ref = target_generate(pair.target, ids, cfg, pair.eos_token_ids)
                 bar.update(1)
-                row = {"id": item.id, "task": item.task, "seed": cfg.seed if sampled else None,
-                       "prompt_tokens": len(ids), "runs": {TARGET_LABEL: _record(pair, ids, cfg, ref, ref)}}
+                row = {
+                    "id": item.id,
+                    "task": item.task,
+                    "seed": cfg.seed if sampled else None,
+                    "prompt_tokens": len(ids),
+                    "runs": {TARGET_LABEL: _record(pair, ids, cfg, ref, ref)},
+                }
                 shift = (i * seeds + s) % len(entries)
                 for entry in entries[shift:] + entries[:shift]:  # rotate the order per prompt and seed
                     bar.set_postfix_str(f"{item.id}: {entry.label}")
@@ -200,9 +233,18 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
 
     labels = [TARGET_LABEL] + [e.label for e in entries]
     summary = {label: _summarise(label, per_prompt) for label in labels}
-    result = {"pair": pair.describe(), "config": config.__dict__, "n_prompts": len(prompts), "seeds": seeds,
-              "compile_s": compile_s, "reference": TARGET_LABEL,
-              "anchors": [e.label for e in entries if e.anchor], "summary": summary, "prompts": per_prompt}
+    result = {
+        "pair": pair.describe(),
+        "config": config.__dict__,
+        "n_prompts": len(prompts),
+        "seeds": seeds,
+        "compile_s": compile_s,
+        "reference": TARGET_LABEL,
+        "anchors": [e.label for e in entries if e.anchor],
+        "summary": summary,
+        "prompts": per_prompt,
+    }
+
     def fill(folder: Path) -> None:  # a new folder replacing the old whole: no stale plot stays
         atomic_write_json(folder / "compare.json", result)
         atomic_write_text(folder / "table.md", format_table(summary) + "\n")
@@ -215,14 +257,18 @@ def run_compare(pair: Pair, prompts: list[Prompt], entries: list[Entry], config:
     return result
 
 
-def _record(pair: Pair, prompt_ids: list[int], config: DecodeConfig, res: GenResult, ref: GenResult,
-            forwards_known: bool = True) -> dict:
+def _record(
+    pair: Pair, prompt_ids: list[int], config: DecodeConfig, res: GenResult, ref: GenResult, forwards_known: bool = True
+) -> dict:
     """One run's numbers. forwards_known=False: llama-server, whose forward calls we do not see.
     Greedy: whether the output equals target-only decoding's. Sampling: the sum of the target's
     log-probabilities of the output (target_logprob, outside the timed run)."""
     s = res.stats
-    out = {**s.to_dict(), "speedup": _per_token_speedup(ref.stats.wall_s, ref.stats.new_tokens, s.wall_s, s.new_tokens),
-           "forwards_known": forwards_known}
+    out = {
+        **s.to_dict(),
+        "speedup": _per_token_speedup(ref.stats.wall_s, ref.stats.new_tokens, s.wall_s, s.new_tokens),
+        "forwards_known": forwards_known,
+    }
     if config.temperature == 0:
         return {**out, "lossless": res.tokens == ref.tokens, "first_mismatch": _first_mismatch(res.tokens, ref.tokens)}
     return {**out, "target_logprob": target_logprob(pair, prompt_ids, res.tokens, config)}
@@ -237,7 +283,7 @@ def target_logprob(pair: Pair, prompt_ids: list[int], tokens: list[int], config:
     ids = torch.tensor([*prompt_ids, *tokens], device=pair.device)
     logits, _ = teacher_forced(pair.target, ids, len(prompt_ids))
     p = warp(logits, config.temperature, config.top_p)
-    return float(p.gather(-1, ids[len(prompt_ids):, None])[:, 0].clamp_min(1e-30).log().sum())
+    return float(p.gather(-1, ids[len(prompt_ids) :, None])[:, 0].clamp_min(1e-30).log().sum())
 
 
 def _per_token_speedup(base_s: float, base_tokens: int, s: float, tokens: int) -> float:
@@ -282,7 +328,11 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
     }
     if sampled:
         return {**out, "target_logprob": sum(r["target_logprob"] for r in runs) / tokens if tokens else None}
-    return {**out, "lossless": all(r["lossless"] for r in runs), "mismatched_prompts": sum(not r["lossless"] for r in runs)}
+    return {
+        **out,
+        "lossless": all(r["lossless"] for r in runs),
+        "mismatched_prompts": sum(not r["lossless"] for r in runs),
+    }
 
 
 def _pooled_by_seed(per_prompt: list[dict], time_of, label: str) -> dict[str, float]:
@@ -312,14 +362,16 @@ def cost_model_speedups(result: dict, cost: CostModel) -> dict[str, dict | None]
         runs = [as_stats(p["runs"][label]) for p in result["prompts"]]
         times = [cost.time(s) for s in runs]
         bases = [cost.baseline(s) for s in runs]
-        out[label] = {"pooled": sum(bases) / sum(times),
-                      "median": statistics.median(b / t for b, t in zip(bases, times)),
-                      "by_seed": _pooled_by_seed(result["prompts"], lambda r: cost.time(as_stats(r)), label)}
+        out[label] = {
+            "pooled": sum(bases) / sum(times),
+            "median": statistics.median(b / t for b, t in zip(bases, times)),
+            "by_seed": _pooled_by_seed(result["prompts"], lambda r: cost.time(as_stats(r)), label),
+        }
     return out
 
 
 def spread(by_seed: dict[str, float]) -> str:
-    """"min–max over N seeds" of per-seed speedups ("" for a single seed)."""
+    """ "min–max over N seeds" of per-seed speedups ("" for a single seed)."""
     values = list(by_seed.values())
     return f"{min(values):.2f}–{max(values):.2f} over {len(values)} seeds" if len(values) > 1 else ""
 
@@ -331,9 +383,11 @@ def format_table(summary: dict) -> str:
     sampled = "target_logprob" in next(iter(summary.values()))
     padded = any(s.get("padded_per_token") for s in summary.values())  # the bucket overhead of captured steps
     last = "target log-prob/token" if sampled else "= target"
-    head = (f"| policy | speedup |{' over seeds |' if sampled else ''} median (min–max) per prompt | tok/s | "
-            f"target fwd/tok | draft fwd/tok | mean accepted/window | acceptance |{' padding/tok |' if padded else ''}"
-            f" {last} |")
+    head = (
+        f"| policy | speedup |{' over seeds |' if sampled else ''} median (min–max) per prompt | tok/s | "
+        f"target fwd/tok | draft fwd/tok | mean accepted/window | acceptance |{' padding/tok |' if padded else ''}"
+        f" {last} |"
+    )
     lines = [head, "|" + "---|" * (9 + sampled + padded)]
     fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
     for label, s in summary.items():
@@ -341,7 +395,11 @@ def format_table(summary: dict) -> str:
         if sampled:
             end = fmt(s["target_logprob"], ".3f")
         else:
-            end = "yes" if s["lossless"] else f"NO ({s.get('mismatched_prompts', '?')}/{s.get('prompts', '?')} prompts differ)"
+            end = (
+                "yes"
+                if s["lossless"]
+                else f"NO ({s.get('mismatched_prompts', '?')}/{s.get('prompts', '?')} prompts differ)"
+            )
         seeds = f" {spread(s['speedup_by_seed'])} |" if sampled else ""
         pad = f" {s.get('padded_per_token', 0.0):.2f} |" if padded else ""
         lines.append(

@@ -66,8 +66,11 @@ class CostModel:
     def time(self, stats: GenStats) -> float:
         """Cost-model time of one generation (prefill excluded)."""
         target_only_rounds = stats.target_forwards - len(stats.windows)
-        return (sum(self.verify(w + 1) for w in stats.windows) + target_only_rounds * self.c_t[0]
-                + stats.draft_forwards * self.c_d)
+        return (
+            sum(self.verify(w + 1) for w in stats.windows)
+            + target_only_rounds * self.c_t[0]
+            + stats.draft_forwards * self.c_d
+        )
 
     def baseline(self, stats: GenStats) -> float:
         """Target-only decoding of the same tokens: one c_t(1) per generated token."""

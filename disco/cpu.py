@@ -101,7 +101,9 @@ class Int8Linear(nn.Module):
             qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         self.packed = torch.ops.quantized.linear_prepack(qw, None)
         del qw
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
+        self.bias = (
+            None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
+        )
         anchor = torch.zeros(1, self.in_features)
         anchor[0, 0], anchor[0, -1] = -1.0, 1.0
         self.register_buffer("anchor", anchor, persistent=False)
@@ -129,7 +131,9 @@ def _is_plain_causal(mask: torch.Tensor | None, q_len: int, kv_len: int) -> bool
     if mask.dim() != 4 or mask.shape[0] != 1 or mask.shape[-2:] != (q_len, kv_len):
         return False
     visible = mask if mask.dtype == torch.bool else mask == 0
-    causal = torch.arange(kv_len, device=mask.device) <= torch.arange(kv_len - q_len, kv_len, device=mask.device)[:, None]
+    causal = (
+        torch.arange(kv_len, device=mask.device) <= torch.arange(kv_len - q_len, kv_len, device=mask.device)[:, None]
+    )
     return bool((visible == causal).all())
 
 
@@ -146,10 +150,17 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 
     b, heads, q_len, d = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
-    if (b != 1 or dropout or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None
-            or kwargs.get("position_bias") is not None or not _is_plain_causal(attention_mask, q_len, kv_len)):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+    if (
+        b != 1
+        or dropout
+        or kwargs.get("sliding_window") is not None
+        or kwargs.get("softcap") is not None
+        or kwargs.get("position_bias") is not None
+        or not _is_plain_causal(attention_mask, q_len, kv_len)
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     out = query.new_empty(b, q_len, heads, value.shape[-1])
     for i in range(q_len):
         seen = kv_len - q_len + i + 1
@@ -170,8 +181,10 @@ def _use_rowwise_attention(model: nn.Module) -> None:
         return  # not a transformers model (a bare layer stack): nothing to set
     model.set_attn_implementation(ROWWISE_ATTENTION)
     if config._attn_implementation != ROWWISE_ATTENTION:
-        raise DiscoError(f"--cpu-backend int8 needs a model whose attention goes through transformers' "
-                         f"AttentionInterface ({type(model).__name__} does not): use --cpu-backend onednn")
+        raise DiscoError(
+            f"--cpu-backend int8 needs a model whose attention goes through transformers' "
+            f"AttentionInterface ({type(model).__name__} does not): use --cpu-backend onednn"
+        )
 
 
 _MODULES = {"transposed": TransposedLinear, "onednn": OneDNNLinear, "int8": Int8Linear}
@@ -200,8 +213,10 @@ def apply_cpu_backend(model: nn.Module, backend: str = DEFAULT_CPU_BACKEND) -> n
     if param is not None and param.device.type != "cpu":
         raise DiscoError(f"--cpu-backend {backend} applies to models on the CPU (this one is on {param.device})")
     if backend in _FLOAT32_ONLY and param is not None and param.dtype != torch.float32:
-        raise DiscoError(f"--cpu-backend {backend} computes in float32 but the model is {param.dtype}: "
-                         "use --dtype float32 (the CPU default) or --cpu-backend eager")
+        raise DiscoError(
+            f"--cpu-backend {backend} computes in float32 but the model is {param.dtype}: "
+            "use --dtype float32 (the CPU default) or --cpu-backend eager"
+        )
     cls = _MODULES[backend]
     if backend == "int8":
         _use_rowwise_attention(model)

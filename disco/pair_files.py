@@ -58,6 +58,11 @@ def apply_pair_file(options: PairOptions, chat: bool | None) -> tuple[PairOption
     if options.pair_file is None:
         return options, chat
     cfg = load_pair_config(options.pair_file)
-    resolved = replace(options, target=options.target or cfg["target"], draft=options.draft or cfg["draft"],
-                       dtype=cfg["dtype"] if options.dtype == "auto" else options.dtype, pair_file=None)
+    resolved = replace(
+        options,
+        target=options.target or cfg["target"],
+        draft=options.draft or cfg["draft"],
+        dtype=cfg["dtype"] if options.dtype == "auto" else options.dtype,
+        pair_file=None,
+    )
     return resolved, cfg["chat"] if chat is None else chat

@@ -13,9 +13,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 def write_plots(result: dict, out_dir: Path) -> list[Path]:
     """The plots of a compare result (compare.run_compare: its "reference" row is target-only decoding,
     its "anchors" the engines' own decoding, whose windows are not known)."""
-    paths = [_windows_vs_oracle(result, out_dir / "windows_vs_oracle.png"),
-             _window_histograms(result, out_dir / "window_histograms.png"),
-             _speedup_bars(result, out_dir / "speedup.png")]
+    paths = [
+        _windows_vs_oracle(result, out_dir / "windows_vs_oracle.png"),
+        _window_histograms(result, out_dir / "window_histograms.png"),
+        _speedup_bars(result, out_dir / "speedup.png"),
+    ]
     return [p for p in paths if p is not None]
 
 
@@ -36,8 +38,12 @@ def _windows_vs_oracle(result: dict, path: Path) -> Path | None:
     oracle = prompt["runs"]["oracle"]["accepted_per_window"]
     for ax, label in zip(axes[:, 0], others):
         ax.step(range(1, len(oracle) + 1), oracle, where="mid", color="0.6", label="oracle (accepted)")
-        ax.step(range(1, len(prompt["runs"][label]["windows"]) + 1), prompt["runs"][label]["windows"],
-                where="mid", label=f"{label} (drafted)")
+        ax.step(
+            range(1, len(prompt["runs"][label]["windows"]) + 1),
+            prompt["runs"][label]["windows"],
+            where="mid",
+            label=f"{label} (drafted)",
+        )
         ax.set_ylabel("tokens")
         ax.legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("iteration")
@@ -73,8 +79,13 @@ def _speedup_bars(result: dict, path: Path) -> Path:
     lo = [s[label]["speedup"] - s[label]["speedup_min"] for label in labels]
     hi = [s[label]["speedup_max"] - s[label]["speedup"] for label in labels]
     fig, ax = plt.subplots(figsize=(1.1 * len(labels) + 2, 3.6))
-    ax.bar(range(len(labels)), pooled, yerr=[[max(0, x) for x in lo], [max(0, x) for x in hi]], capsize=4,
-           color=["0.6" if label == result["reference"] else "tab:blue" for label in labels])
+    ax.bar(
+        range(len(labels)),
+        pooled,
+        yerr=[[max(0, x) for x in lo], [max(0, x) for x in hi]],
+        capsize=4,
+        color=["0.6" if label == result["reference"] else "tab:blue" for label in labels],
+    )
     for i, label in enumerate(labels):  # each prompt as a dot: the spread behind the bar
         ys = [p["runs"][label]["speedup"] for p in result["prompts"]]
         ax.scatter([i] * len(ys), ys, s=8, color="k", zorder=3)

@@ -66,8 +66,13 @@ class PolicySpec:
     def kind(self) -> PolicyKind:
         return POLICIES[self.name]
 
-    def build(self, target_tokens: Sequence[int] | None = None, pair: Any = None,
-              max_window: int = DEFAULT_MAX_WINDOW, sampling: tuple[float, float] | None = None) -> StoppingPolicy | None:
+    def build(
+        self,
+        target_tokens: Sequence[int] | None = None,
+        pair: Any = None,
+        max_window: int = DEFAULT_MAX_WINDOW,
+        sampling: tuple[float, float] | None = None,
+    ) -> StoppingPolicy | None:
         """A fresh policy for one generation (None: target-only decoding). The oracle needs `target_tokens`,
         the classifier `pair` (and `sampling`, the (temperature, top-p) it runs at, to warn when it was
         tuned for another)."""
@@ -110,8 +115,9 @@ def _classifier(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
         raise DiscoError("the classifier policy needs a trained artifact: pass --classifier models/NAME")
     if ctx.pair is None:
         raise DiscoError("the classifier policy needs the pair it runs on")
-    return ClassifierPolicy.for_pair(spec.classifier, ctx.pair, spec.classifier_threshold, spec.trust_pickle,
-                                     spec.classifier_rule, ctx.sampling)
+    return ClassifierPolicy.for_pair(
+        spec.classifier, ctx.pair, spec.classifier_threshold, spec.trust_pickle, spec.classifier_rule, ctx.sampling
+    )
 
 
 POLICIES: dict[str, PolicyKind] = {
@@ -119,8 +125,9 @@ POLICIES: dict[str, PolicyKind] = {
     "constant": PolicyKind(lambda spec, ctx: ConstantPolicy(spec.k)),
     "heuristic": PolicyKind(lambda spec, ctx: HeuristicPolicy(spec.k)),
     "threshold": PolicyKind(lambda spec, ctx: ThresholdPolicy(spec.threshold, adaptive=spec.adaptive)),
-    "adaedl": PolicyKind(lambda spec, ctx: AdaEDLPolicy(spec.lam, adaptive=spec.lam_adaptive,
-                                                        max_window=ctx.max_window)),
+    "adaedl": PolicyKind(
+        lambda spec, ctx: AdaEDLPolicy(spec.lam, adaptive=spec.lam_adaptive, max_window=ctx.max_window)
+    ),
     "svip": PolicyKind(lambda spec, ctx: SVIPPolicy(spec.h)),
     "oracle": PolicyKind(_oracle, needs_target_tokens=True, greedy_only=True),
     "classifier": PolicyKind(_classifier, needs_pair=True),

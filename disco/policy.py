@@ -68,8 +68,10 @@ class DraftStep:
         """features.TOKEN_FEATURES of this token (what a learned policy reads; the simulator's steps
         carry them from the trace)."""
         if token_classes is None:
-            raise DiscoError("the live classifier policy needs the pair's token classes: build it with "
-                             "ClassifierPolicy.for_pair(artifact, pair)")
+            raise DiscoError(
+                "the live classifier policy needs the pair's token classes: build it with "
+                "ClassifierPolicy.for_pair(artifact, pair)"
+            )
         return token_features(self.probs, self.token, self.gen_pos, self.context(), token_classes)
 
 
@@ -218,7 +220,6 @@ def _roc_threshold(labels: Sequence[int], scores: Sequence[float]) -> float:
     return float(min(1.0, thresholds[int(costs.argmin())]))
 
 
-
 class AdaEDLPolicy(PolicyBase):
     """AdaEDL (Agrawal, Jeon, Lee 2024, arXiv 2410.18351, Sec. 3 and Algorithm 1): stop drafting when an
     entropy-based lower bound on the token's acceptance probability falls below lambda,
@@ -238,8 +239,13 @@ class AdaEDLPolicy(PolicyBase):
 
     name = "adaedl"
 
-    def __init__(self, lam: float = ADAEDL_LAMBDA, gamma: float = ADAEDL_GAMMA, adaptive: bool = True,
-                 max_window: int = DEFAULT_MAX_WINDOW) -> None:
+    def __init__(
+        self,
+        lam: float = ADAEDL_LAMBDA,
+        gamma: float = ADAEDL_GAMMA,
+        adaptive: bool = True,
+        max_window: int = DEFAULT_MAX_WINDOW,
+    ) -> None:
         if not 0.0 <= lam <= 1.0 or gamma <= 0:
             raise DiscoError(f"AdaEDL needs lambda within [0, 1] and gamma > 0 (got {lam}, {gamma})")
         self.lam, self.gamma, self.adaptive, self.max_window = lam, gamma, adaptive, max_window

@@ -47,8 +47,9 @@ def context_ids(tokenizer, n: int) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def _median_time(session: Session, feed: torch.Tensor, keep_len: int, repeats: int, warmup: int,
-                 device: torch.device) -> float:
+def _median_time(
+    session: Session, feed: torch.Tensor, keep_len: int, repeats: int, warmup: int, device: torch.device
+) -> float:
     """Median seconds of one forward of `feed` after `keep_len` cached tokens (cache restored each time)."""
     times = []
     for i in range(warmup + repeats):
@@ -63,8 +64,14 @@ def _median_time(session: Session, feed: torch.Tensor, keep_len: int, repeats: i
 
 
 @torch.inference_mode()
-def profile_pair(pair: Pair, max_window: int = DEFAULT_MAX_WINDOW, context: int = DEFAULT_CONTEXT,
-                 repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, progress: bool = True) -> dict:
+def profile_pair(
+    pair: Pair,
+    max_window: int = DEFAULT_MAX_WINDOW,
+    context: int = DEFAULT_CONTEXT,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    progress: bool = True,
+) -> dict:
     """Measure c_d and c_t(1 .. max_window + 1); return the profile (CostModel fields + metadata).
 
     Through the same sessions the loop uses: with captured steps (torch --compile) a verify of k
@@ -74,8 +81,10 @@ def profile_pair(pair: Pair, max_window: int = DEFAULT_MAX_WINDOW, context: int 
     if max_window < 1 or context < 1 or repeats < 1 or warmup < 0:
         raise DiscoError("--max-window, --context and --repeats must be at least 1, --warmup at least 0")
     if context + max_window + 1 > pair.context_length:
-        raise DiscoError(f"--context {context} + --max-window {max_window} exceeds the models' context of "
-                         f"{pair.context_length} tokens")
+        raise DiscoError(
+            f"--context {context} + --max-window {max_window} exceeds the models' context of "
+            f"{pair.context_length} tokens"
+        )
     ids = torch.tensor(context_ids(pair.tokenizer, context + max_window + 1), device=pair.device)
     # The sessions see `context` tokens of prompt: prefill feeds all but the last, the first timed
     # forward's warm-up feeds the last; after that every timing starts from exactly `context`.
@@ -122,7 +131,10 @@ def default_profile_path(pair: Pair) -> Path:
 
 
 def format_profile(profile: dict) -> str:
-    lines = [f"c_d = {profile['c_d'] * 1e3:.3f} ms ({profile['c_d_ratio']:.3f} c_t(1))", "k   c_t(k) ms   c_t(k)/c_t(1)"]
+    lines = [
+        f"c_d = {profile['c_d'] * 1e3:.3f} ms ({profile['c_d_ratio']:.3f} c_t(1))",
+        "k   c_t(k) ms   c_t(k)/c_t(1)",
+    ]
     for k, (c, r) in enumerate(zip(profile["c_t"], profile["c_t_ratio"]), 1):
         lines.append(f"{k:<3} {c * 1e3:9.3f}   {r:.3f}")
     return "\n".join(lines)

@@ -45,16 +45,18 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
         except json.JSONDecodeError as e:
             raise DiscoError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from e
         if not isinstance(row, dict):
-            raise DiscoError(f"{path}:{n}: expected a JSON object with \"id\", \"task\" and \"prompt\"")
+            raise DiscoError(f'{path}:{n}: expected a JSON object with "id", "task" and "prompt"')
         text = row.get("prompt", row.get("messages"))
         missing = [k for k, v in (("id", row.get("id")), ("prompt", text)) if v in (None, "", [])]
         if missing:
-            raise DiscoError(f"{path}:{n}: missing field {', '.join(missing)} (need \"id\" and \"prompt\" or \"messages\")")
+            raise DiscoError(f'{path}:{n}: missing field {", ".join(missing)} (need "id" and "prompt" or "messages")')
         if not isinstance(text, (str, list)):
-            raise DiscoError(f"{path}:{n}: \"prompt\" must be text (or \"messages\" a list of {{role, content}})")
+            raise DiscoError(f'{path}:{n}: "prompt" must be text (or "messages" a list of {{role, content}})')
         pid = str(row["id"])
         if isinstance(text, str) and not text.strip():
-            raise DiscoError(f"{path}:{n}: prompt {pid!r} is empty (only whitespace): give it some text or drop the line")
+            raise DiscoError(
+                f"{path}:{n}: prompt {pid!r} is empty (only whitespace): give it some text or drop the line"
+            )
         if pid in seen:
             raise DiscoError(f"{path}:{n}: duplicate id {pid!r}: ids must be unique")
         seen.add(pid)

@@ -31,8 +31,9 @@ def window_limit(max_window: int, max_new_tokens: int, generated: int) -> int:
     return min(max_window, max_new_tokens - generated - 1)
 
 
-def draft_window(policy: StoppingPolicy | None, k_max: int, propose: Callable[[int], Any | None],
-                 stats: GenStats) -> Decisions:
+def draft_window(
+    policy: StoppingPolicy | None, k_max: int, propose: Callable[[int], Any | None], stats: GenStats
+) -> Decisions:
     """Phase 1: draft up to k_max tokens. propose(pos) drafts the pos-th token of the window (1-based)
     and returns the step the policy decides on, or None where there is nothing to draft (a trace past
     its EOS); the policy's `drafts()` is asked first, `start()` before the first token."""
@@ -70,8 +71,14 @@ def commit(tokens: list[int], eos_token_ids: Collection[int], room: int) -> list
     return eos_cut(tokens, eos_token_ids)[:room]
 
 
-def end_round(policy: StoppingPolicy | None, stats: GenStats, drafted: int, accepted: int,
-              signals: Callable[[], Any] | None, counted: float | None = None) -> None:
+def end_round(
+    policy: StoppingPolicy | None,
+    stats: GenStats,
+    drafted: int,
+    accepted: int,
+    signals: Callable[[], Any] | None,
+    counted: float | None = None,
+) -> None:
     """Phase 5: one target forward counted; a window that drafted tells the policy how it went (signals():
     what the target said at its own token, computed only if the policy reads it) and is recorded.
     counted: the accepted tokens to count when they differ from `accepted` (the simulator's expectation)."""

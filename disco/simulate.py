@@ -115,8 +115,9 @@ def check_columns(df: pd.DataFrame, needed: Sequence[str], what: str = "the simu
         raise DiscoError(f"the traces lack columns {what} needs: {shown}; recollect them with this disco version")
 
 
-def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None, with_hidden: bool = True,
-                  expected: bool = False) -> list[PromptTrace]:
+def prompt_traces(
+    df: pd.DataFrame, max_new_tokens: int | None = None, with_hidden: bool = True, expected: bool = False
+) -> list[PromptTrace]:
     """Split trace rows into per-prompt traces (in order of first appearance).
 
     max_new_tokens: the budget the traces were collected with (from their manifest). None:
@@ -141,17 +142,19 @@ def prompt_traces(df: pd.DataFrame, max_new_tokens: int | None = None, with_hidd
         if with_hidden and HIDDEN_COLUMN in rows.columns:
             blob = b"".join(rows[HIDDEN_COLUMN].to_numpy()[:n])
             hidden = torch.from_numpy(np.frombuffer(blob, np.float16).reshape(n, -1).astype(np.float32))
-        traces.append(PromptTrace(
-            prompt_id=str(pid),
-            labels=rows["label"].to_numpy()[:n].astype(bool),
-            draft_tokens=rows["draft_token"].to_numpy()[:n].astype(int).tolist(),
-            target_tokens=rows["target_token"].to_numpy()[:n].astype(int).tolist(),
-            token_feats=torch.tensor(rows[list(TOKEN_FEATURES)].to_numpy()[:n], dtype=torch.float32),
-            max_new_tokens=budget,
-            signal_cols=rows[signals].to_numpy(np.float64)[:n] if signals else None,
-            hidden=hidden,
-            accept_probs=rows["accept_prob"].to_numpy(np.float64)[:n] if expected else None,
-        ))
+        traces.append(
+            PromptTrace(
+                prompt_id=str(pid),
+                labels=rows["label"].to_numpy()[:n].astype(bool),
+                draft_tokens=rows["draft_token"].to_numpy()[:n].astype(int).tolist(),
+                target_tokens=rows["target_token"].to_numpy()[:n].astype(int).tolist(),
+                token_feats=torch.tensor(rows[list(TOKEN_FEATURES)].to_numpy()[:n], dtype=torch.float32),
+                max_new_tokens=budget,
+                signal_cols=rows[signals].to_numpy(np.float64)[:n] if signals else None,
+                hidden=hidden,
+                accept_probs=rows["accept_prob"].to_numpy(np.float64)[:n] if expected else None,
+            )
+        )
     return traces
 
 
@@ -181,16 +184,35 @@ class TraceStep:
 PolicyFactory = Callable[[PromptTrace], StoppingPolicy]  # a fresh policy per prompt, as generate() builds
 
 
-def replay_policy(name: str, *, k: int = DEFAULT_K, threshold: float = DEFAULT_THRESHOLD,
-                  adaptive: bool = False, model=None, rule: str = "token", cost: CostModel | None = None,
-                  lam: float = ADAEDL_LAMBDA, lam_adaptive: bool = True, h: float = SVIP_H,
-                  max_window: int = DEFAULT_MAX_WINDOW) -> PolicyFactory:
+def replay_policy(
+    name: str,
+    *,
+    k: int = DEFAULT_K,
+    threshold: float = DEFAULT_THRESHOLD,
+    adaptive: bool = False,
+    model=None,
+    rule: str = "token",
+    cost: CostModel | None = None,
+    lam: float = ADAEDL_LAMBDA,
+    lam_adaptive: bool = True,
+    h: float = SVIP_H,
+    max_window: int = DEFAULT_MAX_WINDOW,
+) -> PolicyFactory:
     """A factory of the real policy `name` (policies.POLICIES) for each prompt (the oracle gets the trace's y).
     classifier: `model` is a Predictor (artifact.py), `threshold` its rule's parameter."""
     if name == "classifier" and model is None:
         raise DiscoError("simulating the classifier policy needs a trained model")
-    spec = PolicySpec(name, k=k, threshold=threshold, adaptive=adaptive, lam=lam, lam_adaptive=lam_adaptive, h=h,
-                      classifier_threshold=threshold, classifier_rule=rule)
+    spec = PolicySpec(
+        name,
+        k=k,
+        threshold=threshold,
+        adaptive=adaptive,
+        lam=lam,
+        lam_adaptive=lam_adaptive,
+        h=h,
+        classifier_threshold=threshold,
+        classifier_rule=rule,
+    )
     return lambda tr: spec.kind.build(spec, BuildContext(tr.target_tokens, None, max_window, None, model, cost))
 
 
@@ -220,8 +242,15 @@ class _TraceDrafter:
         self.approx += self.mismatch
         self.mismatch = self.mismatch or not tr.labels[j]
         token = tr.draft_tokens[j]
-        return TraceStep(token, pos, j, {token: self.p_chosen[j]}, self.entropy[j], tr.token_feats[j],
-                         tr.hidden[j] if tr.hidden is not None else None)
+        return TraceStep(
+            token,
+            pos,
+            j,
+            {token: self.p_chosen[j]},
+            self.entropy[j],
+            tr.token_feats[j],
+            tr.hidden[j] if tr.hidden is not None else None,
+        )
 
 
 def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
@@ -232,8 +261,9 @@ def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
     while out < L:
         # 1. Draft: up to k_max tokens, the policy deciding after each one.
         drafter.begin(out)
-        decisions: Decisions = draft_window(policy, window_limit(max_window, tr.max_new_tokens, out), drafter.propose,
-                                            stats)
+        decisions: Decisions = draft_window(
+            policy, window_limit(max_window, tr.max_new_tokens, out), drafter.propose, stats
+        )
         k = yield from decisions
         # 2-3. Verify and accept: the leading agreeing run, then the target's own token.
         n = leading_run(tr.labels[out : out + k])
@@ -317,8 +347,12 @@ class SimResult:
         }
 
 
-def simulate_many(traces: Sequence[PromptTrace], factories: dict[Hashable, PolicyFactory],
-                  max_window: int = DEFAULT_MAX_WINDOW, progress: bool = False) -> dict[Hashable, SimResult]:
+def simulate_many(
+    traces: Sequence[PromptTrace],
+    factories: dict[Hashable, PolicyFactory],
+    max_window: int = DEFAULT_MAX_WINDOW,
+    progress: bool = False,
+) -> dict[Hashable, SimResult]:
     """Replay several policies over the same prompts in one batched pass."""
     if max_window < 0:
         raise DiscoError(f"--max-window must be 0 or more (got {max_window})")
@@ -336,7 +370,8 @@ def simulate_many(traces: Sequence[PromptTrace], factories: dict[Hashable, Polic
     return out
 
 
-def simulate(traces: Sequence[PromptTrace], factory: PolicyFactory, max_window: int = DEFAULT_MAX_WINDOW,
-             progress: bool = False) -> SimResult:
+def simulate(
+    traces: Sequence[PromptTrace], factory: PolicyFactory, max_window: int = DEFAULT_MAX_WINDOW, progress: bool = False
+) -> SimResult:
     """Replay one policy (a fresh instance per prompt) over the traces."""
     return simulate_many(traces, {"policy": factory}, max_window, progress)["policy"]

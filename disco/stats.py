@@ -47,8 +47,11 @@ class GenStats:
             f"{self.new_tokens} tokens in {self.wall_s:.2f}s ({self.tokens_per_s:.2f} tok/s); "
             f"target forwards {self.target_forwards}, draft forwards {self.draft_forwards}, "
             f"accepted {self.accepted}/{self.drafted} drafted ({100 * self.acceptance_rate:.0f}%)"
-            + (f"; {self.recomputed_tokens} tokens re-run (a cache could not be cropped)"
-               if self.recomputed_tokens else "")
+            + (
+                f"; {self.recomputed_tokens} tokens re-run (a cache could not be cropped)"
+                if self.recomputed_tokens
+                else ""
+            )
             + (f"; {self.padded_tokens} filler tokens padded forwards to captured widths" if self.padded_tokens else "")
         )
 

@@ -49,13 +49,18 @@ COLUMNS = ID_COLUMNS + tuple(f for f in FEATURES if f not in ID_COLUMNS) + LABEL
 MANIFEST = "manifest.json"
 
 
-def signals_at(target_prob_target: float, target_entropy: float, draft_prob_target: float,
-               rejected: bool) -> TargetSignals:
+def signals_at(
+    target_prob_target: float, target_entropy: float, draft_prob_target: float, rejected: bool
+) -> TargetSignals:
     """The TargetSignals a window ending at a trace position hands to the next one: the live loop's
     features.target_signals at the target's own token (traces older than disco-trace/3 give the
     target's top-1 probability, the same number under greedy decoding)."""
-    return TargetSignals(rejected, float(target_prob_target), float(target_entropy),
-                         float(target_prob_target) - float(draft_prob_target) if rejected else 0.0)
+    return TargetSignals(
+        rejected,
+        float(target_prob_target),
+        float(target_entropy),
+        float(target_prob_target) - float(draft_prob_target) if rejected else 0.0,
+    )
 
 
 # --- the one reader ----------------------------------------------------------------------------
@@ -91,8 +96,9 @@ def trace_files(folder: Path) -> list[Path]:
     is one `disco collect` wrote (manifest + data/), else those at any depth."""
     if (folder / MANIFEST).is_file() and (folder / "data").is_dir():
         folder = folder / "data"
-    return sorted(f for f in folder.rglob("*.parquet")
-                  if not any(part.startswith(".") for part in f.relative_to(folder).parts))
+    return sorted(
+        f for f in folder.rglob("*.parquet") if not any(part.startswith(".") for part in f.relative_to(folder).parts)
+    )
 
 
 def _read_shard(file: Path, folder: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -102,20 +108,26 @@ def _read_shard(file: Path, folder: Path, columns: Sequence[str] | None = None) 
     try:
         return pd.read_parquet(file, columns=list(columns) if columns is not None else None)
     except (pa.ArrowException, OSError) as e:
-        raise DiscoError(f"{file} is damaged or truncated ({str(e).splitlines()[0]}): rerun the disco collect "
-                         f"command that wrote {folder}; it sets the shard aside and traces its prompts again") from None
+        raise DiscoError(
+            f"{file} is damaged or truncated ({str(e).splitlines()[0]}): rerun the disco collect "
+            f"command that wrote {folder}; it sets the shard aside and traces its prompts again"
+        ) from None
 
 
 def duplicate_error(folder: Path, prompt_id: str, files: Sequence[Path]) -> DiscoError:
     """A prompt traced twice: named, with the shards holding it and the fix."""
     if len(files) > 1:
         names = ", ".join(f.name for f in files)
-        return DiscoError(f"{folder}: prompt {prompt_id!r} is in {len(files)} shards ({names}), as when two disco "
-                          f"collect ran into one folder at once: delete {files[-1]} and rerun the same disco collect "
-                          "(it traces that shard's other prompts again)")
+        return DiscoError(
+            f"{folder}: prompt {prompt_id!r} is in {len(files)} shards ({names}), as when two disco "
+            f"collect ran into one folder at once: delete {files[-1]} and rerun the same disco collect "
+            "(it traces that shard's other prompts again)"
+        )
     where = files[0] if files else folder
-    return DiscoError(f"{folder}: prompt {prompt_id!r} has duplicated positions in {where}: delete that shard and "
-                      "rerun the same disco collect (it traces its prompts again)")
+    return DiscoError(
+        f"{folder}: prompt {prompt_id!r} has duplicated positions in {where}: delete that shard and "
+        "rerun the same disco collect (it traces its prompts again)"
+    )
 
 
 def check_unique(folder: Path, ids_per_file: Sequence[tuple[Path, Iterable[str]]]) -> None:

@@ -73,8 +73,9 @@ if TYPE_CHECKING:
 # Candidate thresholds, for the classifier's P(accept) and for the draft probability tau alike:
 # steps of 0.05, finer at both ends (with most tokens accepted, a classifier's best threshold on
 # the embedded pair can lie above 0.95).
-THRESHOLD_GRID: tuple[float, ...] = tuple(sorted({round(0.05 * i, 2) for i in range(1, 20)}
-                                                 | {0.01, 0.02, 0.03, 0.97, 0.98, 0.99, DEFAULT_THRESHOLD}))
+THRESHOLD_GRID: tuple[float, ...] = tuple(
+    sorted({round(0.05 * i, 2) for i in range(1, 20)} | {0.01, 0.02, 0.03, 0.97, 0.98, 0.99, DEFAULT_THRESHOLD})
+)
 # Each rule's parameter grid: P(at least one rejection) for the cumulative rule; the rate to beat, in
 # units of target-only decoding's, for the cost rule; lambda and h for AdaEDL and SVIP.
 RULE_GRIDS: dict[str, tuple[float, ...]] = {
@@ -85,7 +86,13 @@ RULE_GRIDS: dict[str, tuple[float, ...]] = {
 }
 ADAEDL_GRID = tuple(round(0.05 * i, 2) for i in range(4, 20))
 SVIP_GRID = tuple(round(0.05 * i, 2) for i in range(1, 17))
-TRAIN_COLUMNS = ("prompt_id", "oracle_drafted", "label", "accept_prob", *(f for f in FEATURES if f not in TARGET_SIGNALS))
+TRAIN_COLUMNS = (
+    "prompt_id",
+    "oracle_drafted",
+    "label",
+    "accept_prob",
+    *(f for f in FEATURES if f not in TARGET_SIGNALS),
+)
 ALL_TASKS = "all tasks"
 
 
@@ -103,7 +110,9 @@ class TrainConfig:
     cross_task: bool = DEFAULT_CROSS_TASK  # also train on each task alone and test on every task
     head: bool = DEFAULT_HEAD  # also fit an acceptance head on the draft's hidden state (traces that hold it)
     progress: bool = True  # progress bars on stderr
-    labels: str = DEFAULT_LABELS  # fit on: "sampled" accept/reject, "soft" min(1, p/q) (sampled traces); auto: soft when sampled
+    labels: str = (
+        DEFAULT_LABELS  # fit on: "sampled" accept/reject, "soft" min(1, p/q) (sampled traces); auto: soft when sampled
+    )
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -147,20 +156,25 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
     manifests, pairs, hidden = [], [], []
     for src in sources:
         if src.manifest is None:
-            raise DiscoError(f"{src.path} has no manifest.json beside its Parquet shards: the pair the traces "
-                             "come from is unknown (recollect them with disco collect)")
+            raise DiscoError(
+                f"{src.path} has no manifest.json beside its Parquet shards: the pair the traces "
+                "come from is unknown (recollect them with disco collect)"
+            )
         check_columns(src.rows, TRAIN_COLUMNS, "training")
         manifests.append({"path": str(src.path), **src.manifest})
         pairs.append(_pair_of(src.manifest))
         hidden.append(src.manifest.get("hidden") if HIDDEN_COLUMN in src.rows.columns else None)
     if any(p != pairs[0] for p in pairs):
-        raise DiscoError(f"the traces come from different pairs ({', '.join(map(str, pairs))}): train one "
-                         "classifier per pair")
+        raise DiscoError(
+            f"the traces come from different pairs ({', '.join(map(str, pairs))}): train one classifier per pair"
+        )
     sampling = [src.sampling for src in sources]
     if any(s != sampling[0] for s in sampling):
         shown = ", ".join(f"temperature {s['temperature']:g} top-p {s['top_p']:g}" for s in sampling)
-        raise DiscoError(f"the traces were collected under different sampling settings ({shown}): train one "
-                         "classifier per setting (acceptance depends on it)")
+        raise DiscoError(
+            f"the traces were collected under different sampling settings ({shown}): train one "
+            "classifier per setting (acceptance depends on it)"
+        )
     # Older traces (disco-trace/1) lack the target-side signals: train on the features all sources have.
     signals = all(all(c in src.rows.columns for c in TARGET_SIGNALS) and signal_columns(src.rows) for src in sources)
     features = [i for i, f in enumerate(FEATURES) if signals or f not in TARGET_SIGNALS]
@@ -177,16 +191,20 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
     labels = rows.loc[rows["oracle_drafted"].astype(bool), "label"]
     if labels.nunique() < 2:
         which = "accepted" if labels.empty or int(labels.iloc[0]) == 1 else "rejected"
-        raise DiscoError(f"every drafted token in the traces is {which}: a classifier needs both accepted and "
-                         "rejected tokens (collect more or more varied prompts)")
+        raise DiscoError(
+            f"every drafted token in the traces is {which}: a classifier needs both accepted and "
+            "rejected tokens (collect more or more varied prompts)"
+        )
     if rows["prompt_id"].nunique() < 2:
         raise DiscoError("the traces hold a single prompt: training needs at least two (split by prompt)")
-    return TraceData(rows, [src.max_new_tokens for src in sources], manifests, pairs[0], features, hidden[0],
-                     sampling[0])
+    return TraceData(
+        rows, [src.max_new_tokens for src in sources], manifests, pairs[0], features, hidden[0], sampling[0]
+    )
 
 
-def split_by_prompt(prompt_ids: Sequence[str], val_fraction: float, seed: int,
-                    tasks: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def split_by_prompt(
+    prompt_ids: Sequence[str], val_fraction: float, seed: int, tasks: Sequence[str] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Boolean masks (train, validation) over rows, grouped so that no prompt is on both sides and
     stratified by task: each task with two prompts or more puts round(val_fraction * its prompts)
     (at least one) into validation, so every task is measured."""
@@ -210,24 +228,40 @@ def traces_for(data: TraceData, mask: np.ndarray, expected: bool | None = None) 
     traces count each window's expected acceptance (simulate.py) unless `expected` is False."""
     sub = data.rows[mask]
     expected = data.sampled if expected is None else expected
-    return [tr for i, budget in enumerate(data.budgets)
-            for tr in prompt_traces(sub[sub["_source"] == i], budget, data.hidden is not None, expected) if len(tr)]
+    return [
+        tr
+        for i, budget in enumerate(data.budgets)
+        for tr in prompt_traces(sub[sub["_source"] == i], budget, data.hidden is not None, expected)
+        if len(tr)
+    ]
 
 
 # --- models ------------------------------------------------------------------------------------
 
 
-def soft_rows(X: np.ndarray, soft: np.ndarray, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def soft_rows(
+    X: np.ndarray, soft: np.ndarray, weight: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Soft labels as weighted hard ones: each row twice, labelled 1 with weight a and 0 with 1 - a.
     The log-loss of that data is the cross-entropy against a, so any classifier taking sample weights
     fits P(accept) to the soft label."""
     w = np.ones(len(soft)) if weight is None else weight
-    return (np.concatenate([X, X]), np.concatenate([np.ones(len(soft), int), np.zeros(len(soft), int)]),
-            np.concatenate([w * soft, w * (1 - soft)]))
+    return (
+        np.concatenate([X, X]),
+        np.concatenate([np.ones(len(soft), int), np.zeros(len(soft), int)]),
+        np.concatenate([w * soft, w * (1 - soft)]),
+    )
 
 
-def fit_model(kind: str, X: np.ndarray, y: np.ndarray, columns: Sequence[int] | None = None, seed: int = 0,
-              balanced: bool = False, soft: np.ndarray | None = None) -> Model:
+def fit_model(
+    kind: str,
+    X: np.ndarray,
+    y: np.ndarray,
+    columns: Sequence[int] | None = None,
+    seed: int = 0,
+    balanced: bool = False,
+    soft: np.ndarray | None = None,
+) -> Model:
     """Fit on FEATURES[columns] of X (all when None) and return the portable model (artifact.py),
     which is what every later prediction uses, so the saved artifact predicts identically.
     soft: fit on these acceptance probabilities instead of the labels y (soft_rows).
@@ -243,9 +277,17 @@ def fit_model(kind: str, X: np.ndarray, y: np.ndarray, columns: Sequence[int] | 
     if kind == "lightgbm":
         import lightgbm
 
-        clf = lightgbm.LGBMClassifier(n_estimators=200, learning_rate=0.05, num_leaves=31, min_child_samples=20,
-                                      subsample=0.8, subsample_freq=1, colsample_bytree=0.9, random_state=seed,
-                                      verbose=-1)
+        clf = lightgbm.LGBMClassifier(
+            n_estimators=200,
+            learning_rate=0.05,
+            num_leaves=31,
+            min_child_samples=20,
+            subsample=0.8,
+            subsample_freq=1,
+            colsample_bytree=0.9,
+            random_state=seed,
+            verbose=-1,
+        )
         clf.fit(Xc, y, sample_weight=weight, feature_name=[FEATURES[i] for i in cols])
         return LightGBMModel(clf.booster_, cols)
     from sklearn.exceptions import ConvergenceWarning
@@ -254,8 +296,11 @@ def fit_model(kind: str, X: np.ndarray, y: np.ndarray, columns: Sequence[int] | 
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    clf = (LogisticRegression(max_iter=1000) if kind == "logistic"
-           else MLPClassifier(hidden_layer_sizes=(32, 32), max_iter=300, early_stopping=True, random_state=seed))
+    clf = (
+        LogisticRegression(max_iter=1000)
+        if kind == "logistic"
+        else MLPClassifier(hidden_layer_sizes=(32, 32), max_iter=300, early_stopping=True, random_state=seed)
+    )
     pipe = make_pipeline(StandardScaler(), clf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # small data: a few more iterations change little
@@ -267,8 +312,16 @@ HEAD_HIDDEN = 64  # units of the head's one hidden layer (0: logistic on the sam
 HEAD_WEIGHT_DECAY = 1e-3  # L2 on the head's weights: ~900 hidden dims and tens of thousands of rows overfit easily
 
 
-def fit_head(X: np.ndarray, H: np.ndarray, y: np.ndarray, columns: Sequence[int], groups: np.ndarray, seed: int = 0,
-             hidden_units: int = HEAD_HIDDEN, max_steps: int = 400) -> DenseModel:
+def fit_head(
+    X: np.ndarray,
+    H: np.ndarray,
+    y: np.ndarray,
+    columns: Sequence[int],
+    groups: np.ndarray,
+    seed: int = 0,
+    hidden_units: int = HEAD_HIDDEN,
+    max_steps: int = 400,
+) -> DenseModel:
     """An acceptance head (SpecDec++'s idea, small): standardised [FEATURES[columns], draft hidden state]
     -> one ReLU layer -> sigmoid, fitted in torch (full-batch Adam, L2), early-stopped on the log-loss
     of 15 % of the training prompts (`groups`: each row's prompt id). Returns a DenseModel of kind "head"."""
@@ -365,8 +418,14 @@ class Tuned:
     result: SimResult  # the simulation at `best`
 
 
-def tune(traces: Sequence[PromptTrace], factory_at: Callable[[float | int], Callable], candidates: Sequence,
-         cost: CostModel, max_window: int, progress: bool = False) -> Tuned:
+def tune(
+    traces: Sequence[PromptTrace],
+    factory_at: Callable[[float | int], Callable],
+    candidates: Sequence,
+    cost: CostModel,
+    max_window: int,
+    progress: bool = False,
+) -> Tuned:
     """The candidate setting that maximises cost-model speedup over `traces` (one batched simulation)."""
     sims = simulate_many(traces, {c: factory_at(c) for c in candidates}, max_window, progress)
     speedups = {c: sims[c].speedup(cost) for c in candidates}
@@ -388,45 +447,85 @@ class Learned:
         return f"{self.model_name}, {self.rule} rule"
 
     def factory(self, cost: CostModel, setting: float | None = None):
-        return replay_policy("classifier", threshold=self.tuned.best if setting is None else setting, model=self.model,
-                             rule=self.rule, cost=cost)
+        return replay_policy(
+            "classifier",
+            threshold=self.tuned.best if setting is None else setting,
+            model=self.model,
+            rule=self.rule,
+            cost=cost,
+        )
 
 
-def tune_learned(traces: Sequence[PromptTrace], models: dict[str, Model], cost: CostModel, max_window: int,
-                 progress: bool = False, rules: Sequence[str] = RULES) -> list[Learned]:
+def tune_learned(
+    traces: Sequence[PromptTrace],
+    models: dict[str, Model],
+    cost: CostModel,
+    max_window: int,
+    progress: bool = False,
+    rules: Sequence[str] = RULES,
+) -> list[Learned]:
     """Every model under every rule, each rule's parameter tuned by simulated speedup on `traces`."""
     out = []
     for name, model in models.items():
         for rule in rules:
-            t = tune(traces, lambda v: replay_policy("classifier", threshold=v, model=model, rule=rule, cost=cost),
-                     RULE_GRIDS[rule], cost, max_window, progress)
+            t = tune(
+                traces,
+                lambda v: replay_policy("classifier", threshold=v, model=model, rule=rule, cost=cost),
+                RULE_GRIDS[rule],
+                cost,
+                max_window,
+                progress,
+            )
             out.append(Learned(name, rule, model, t))
     return out
 
 
-def policy_table(traces: Sequence[PromptTrace], models: dict[str, Model], cost: CostModel, max_window: int,
-                 progress: bool = False) -> tuple[list[dict], dict[str, Tuned], list[Learned]]:
+def policy_table(
+    traces: Sequence[PromptTrace], models: dict[str, Model], cost: CostModel, max_window: int, progress: bool = False
+) -> tuple[list[dict], dict[str, Tuned], list[Learned]]:
     """Simulated validation speedup of the oracle, every learned (model, rule) and the baselines, each
     tuned on the same prompts under the same cost model. tuned["classifier"]: the best learned one."""
     learned = tune_learned(traces, models, cost, max_window, progress)
     best = max(learned, key=lambda entry: entry.tuned.speedups[entry.tuned.best])
     tuned = {
         "classifier": best.tuned,
-        "threshold": tune(traces, lambda t: replay_policy("threshold", threshold=t), THRESHOLD_GRID, cost,
-                          max_window, progress),
-        "constant": tune(traces, lambda k: replay_policy("constant", k=k), list(range(1, max(max_window, 1) + 1)),
-                         cost, max_window, progress),
-        "adaedl": tune(traces, lambda v: replay_policy("adaedl", lam=v, max_window=max_window), ADAEDL_GRID, cost,
-                       max_window, progress),
+        "threshold": tune(
+            traces, lambda t: replay_policy("threshold", threshold=t), THRESHOLD_GRID, cost, max_window, progress
+        ),
+        "constant": tune(
+            traces,
+            lambda k: replay_policy("constant", k=k),
+            list(range(1, max(max_window, 1) + 1)),
+            cost,
+            max_window,
+            progress,
+        ),
+        "adaedl": tune(
+            traces,
+            lambda v: replay_policy("adaedl", lam=v, max_window=max_window),
+            ADAEDL_GRID,
+            cost,
+            max_window,
+            progress,
+        ),
         "svip": tune(traces, lambda v: replay_policy("svip", h=v), SVIP_GRID, cost, max_window, progress),
     }
-    fixed = simulate_many(traces, {"oracle": replay_policy("oracle"), "heuristic": replay_policy("heuristic"),
-                                   "tau": replay_policy("threshold", threshold=DEFAULT_THRESHOLD),
-                                   "adaedl": replay_policy("adaedl", max_window=max_window),
-                                   "svip": replay_policy("svip")}, max_window)
+    fixed = simulate_many(
+        traces,
+        {
+            "oracle": replay_policy("oracle"),
+            "heuristic": replay_policy("heuristic"),
+            "tau": replay_policy("threshold", threshold=DEFAULT_THRESHOLD),
+            "adaedl": replay_policy("adaedl", max_window=max_window),
+            "svip": replay_policy("svip"),
+        },
+        max_window,
+    )
     rows = [("oracle", "knows y", fixed["oracle"])]
-    rows += [(f"classifier ({entry.label})", f"{entry.rule} = {entry.tuned.best:g} (tuned)", entry.tuned.result)
-             for entry in learned]
+    rows += [
+        (f"classifier ({entry.label})", f"{entry.rule} = {entry.tuned.best:g} (tuned)", entry.tuned.result)
+        for entry in learned
+    ]
     rows += [
         ("threshold", f"tau = {tuned['threshold'].best:g} (tuned)", tuned["threshold"].result),
         ("threshold", f"tau = {DEFAULT_THRESHOLD:g} (transformers)", fixed["tau"]),
@@ -446,8 +545,13 @@ def choose(learned: Sequence[Learned], threshold: Tuned) -> tuple[Learned, dict]
     best = max(learned, key=lambda entry: entry.tuned.speedups[entry.tuned.best])
     s_learned, s_thr = best.tuned.speedups[best.tuned.best], threshold.speedups[threshold.best]
     if s_learned > s_thr:
-        choice = {"policy": "classifier", "model": best.model_name, "rule": best.rule, "setting": float(best.tuned.best),
-                  "speedup": s_learned}
+        choice = {
+            "policy": "classifier",
+            "model": best.model_name,
+            "rule": best.rule,
+            "setting": float(best.tuned.best),
+            "speedup": s_learned,
+        }
     else:
         choice = {"policy": "threshold", "setting": float(threshold.best), "speedup": s_thr}
     choice["tuned_threshold_speedup"] = s_thr
@@ -466,17 +570,31 @@ def _feature_groups() -> list[tuple[str, list[str]]]:
     return list(groups.items())
 
 
-def ablation(kind: str, X_tr: np.ndarray, y_tr: np.ndarray, X_val: np.ndarray, y_val: np.ndarray,
-             traces: Sequence[PromptTrace], cost: CostModel, cfg: TrainConfig, full: Model, available: Sequence[int],
-             head: tuple[Model, np.ndarray] | None = None, soft_tr: np.ndarray | None = None) -> list[dict]:
+def ablation(
+    kind: str,
+    X_tr: np.ndarray,
+    y_tr: np.ndarray,
+    X_val: np.ndarray,
+    y_val: np.ndarray,
+    traces: Sequence[PromptTrace],
+    cost: CostModel,
+    cfg: TrainConfig,
+    full: Model,
+    available: Sequence[int],
+    head: tuple[Model, np.ndarray] | None = None,
+    soft_tr: np.ndarray | None = None,
+) -> list[dict]:
     """Tuned simulated speedup (token rule) with DISCO's inputs only, all features, all but each added
     group, and (head: the model and its validation inputs) all features + the draft's hidden state."""
     from tqdm.auto import tqdm
 
     have = set(available)
     variants = [("DISCO inputs only", [FEATURES.index(f) for f in DISCO_FEATURES]), ("all features", None)]
-    variants += [(f"all − {name}", [i for i in available if FEATURES[i] not in group])
-                 for name, group in _feature_groups() if any(FEATURES.index(f) in have for f in group)]
+    variants += [
+        (f"all − {name}", [i for i in available if FEATURES[i] not in group])
+        for name, group in _feature_groups()
+        if any(FEATURES.index(f) in have for f in group)
+    ]
     variants += [("all + hidden state (head)", "head")] if head is not None else []
     rows = []
     for name, cols in tqdm(variants, desc="ablation", disable=not cfg.progress):
@@ -485,11 +603,23 @@ def ablation(kind: str, X_tr: np.ndarray, y_tr: np.ndarray, X_val: np.ndarray, y
         else:
             model = full if cols is None else fit_model(kind, X_tr, y_tr, cols, cfg.seed, cfg.balanced, soft_tr)
             X_eval = X_val
-        t = tune(traces, lambda th: replay_policy("classifier", threshold=th, model=model), THRESHOLD_GRID, cost,
-                 cfg.max_window)
+        t = tune(
+            traces,
+            lambda th: replay_policy("classifier", threshold=th, model=model),
+            THRESHOLD_GRID,
+            cost,
+            cfg.max_window,
+        )
         auc = classification_metrics(y_val, model.predict_proba(X_eval))["roc_auc"]
-        rows.append({"variant": name, "features": len(model.columns) + model.hidden_dim, "roc_auc": auc,
-                     "threshold": t.best, "speedup": t.speedups[t.best]})
+        rows.append(
+            {
+                "variant": name,
+                "features": len(model.columns) + model.hidden_dim,
+                "roc_auc": auc,
+                "threshold": t.best,
+                "speedup": t.speedups[t.best],
+            }
+        )
     base = rows[1]["speedup"]
     for r in rows:
         r["delta_vs_all"] = r["speedup"] - base
@@ -510,8 +640,9 @@ def task_masks(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     return {t: tasks == t for t in sorted(set(tasks.tolist()))}
 
 
-def per_task_table(data: TraceData, val_mask: np.ndarray, best: Learned, tuned: dict[str, Tuned], cost: CostModel,
-                   max_window: int) -> list[dict]:
+def per_task_table(
+    data: TraceData, val_mask: np.ndarray, best: Learned, tuned: dict[str, Tuned], cost: CostModel, max_window: int
+) -> list[dict]:
     """Simulated speedup per task on the validation prompts, every policy at the ONE setting tuned
     on all validation prompts (what a user deploys), the best learned policy's ratio to the tuned threshold."""
     factories = {
@@ -532,9 +663,18 @@ def per_task_table(data: TraceData, val_mask: np.ndarray, best: Learned, tuned: 
     return out
 
 
-def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X: np.ndarray, y: np.ndarray,
-               cost: CostModel, cfg: TrainConfig, full: tuple[Model, float, float], features: Sequence[int],
-               soft: np.ndarray | None = None) -> list[dict]:
+def cross_task(
+    data: TraceData,
+    train_mask: np.ndarray,
+    val_mask: np.ndarray,
+    X: np.ndarray,
+    y: np.ndarray,
+    cost: CostModel,
+    cfg: TrainConfig,
+    full: tuple[Model, float, float],
+    features: Sequence[int],
+    soft: np.ndarray | None = None,
+) -> list[dict]:
     """Train on one task, test on another: for each training task A (and all tasks together), fit
     on A's training prompts, tune the classifier's threshold (token rule) and tau on A's validation
     prompts, then simulate both on each task B's validation prompts (never seen in fitting or tuning).
@@ -545,8 +685,9 @@ def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X:
     drafted = data.rows["oracle_drafted"].to_numpy(bool)
     val_traces = {t: traces_for(data, val_mask & m) for t, m in masks.items()}
     rows = []
-    for a, mask_a in tqdm([*masks.items(), (ALL_TASKS, np.ones(len(y), bool))], desc="cross-task",
-                          disable=not cfg.progress):
+    for a, mask_a in tqdm(
+        [*masks.items(), (ALL_TASKS, np.ones(len(y), bool))], desc="cross-task", disable=not cfg.progress
+    ):
         fit = train_mask & drafted & mask_a
         tune_on = [tr for t in masks if a in (t, ALL_TASKS) for tr in val_traces[t]]
         if len(np.unique(y[fit])) < 2 or not tune_on:
@@ -554,20 +695,42 @@ def cross_task(data: TraceData, train_mask: np.ndarray, val_mask: np.ndarray, X:
         if a == ALL_TASKS:
             model, t, tau = full
         else:
-            model = fit_model(cfg.model, X[fit], y[fit], features, cfg.seed, cfg.balanced,
-                              None if soft is None else soft[fit])
-            t = tune(tune_on, lambda th: replay_policy("classifier", threshold=th, model=model), THRESHOLD_GRID, cost,
-                     cfg.max_window).best
-            tau = tune(tune_on, lambda th: replay_policy("threshold", threshold=th), THRESHOLD_GRID, cost,
-                       cfg.max_window).best
+            model = fit_model(
+                cfg.model, X[fit], y[fit], features, cfg.seed, cfg.balanced, None if soft is None else soft[fit]
+            )
+            t = tune(
+                tune_on,
+                lambda th: replay_policy("classifier", threshold=th, model=model),
+                THRESHOLD_GRID,
+                cost,
+                cfg.max_window,
+            ).best
+            tau = tune(
+                tune_on, lambda th: replay_policy("threshold", threshold=th), THRESHOLD_GRID, cost, cfg.max_window
+            ).best
         for b, traces in val_traces.items():
             if not traces:
                 continue
-            sims = simulate_many(traces, {"classifier": replay_policy("classifier", threshold=t, model=model),
-                                          "threshold": replay_policy("threshold", threshold=tau)}, cfg.max_window)
+            sims = simulate_many(
+                traces,
+                {
+                    "classifier": replay_policy("classifier", threshold=t, model=model),
+                    "threshold": replay_policy("threshold", threshold=tau),
+                },
+                cfg.max_window,
+            )
             clf, thr = sims["classifier"].speedup(cost), sims["threshold"].speedup(cost)
-            rows.append({"train_task": a, "test_task": b, "threshold": t, "tau": tau, "classifier": clf,
-                         "tuned_threshold": thr, "ratio": clf / thr})
+            rows.append(
+                {
+                    "train_task": a,
+                    "test_task": b,
+                    "threshold": t,
+                    "tau": tau,
+                    "classifier": clf,
+                    "tuned_threshold": thr,
+                    "ratio": clf / thr,
+                }
+            )
     return rows
 
 
@@ -594,8 +757,11 @@ class TrainReport:
         m = self.metrics
         f = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
         c = self.choice
-        chosen = (f"the classifier ({c['model']}, {c['rule']} rule, parameter {c['setting']:g})" if c.get("policy") == "classifier"
-                  else f"the tuned threshold (tau = {c.get('setting', 0):g}): no learned policy beat it on validation")
+        chosen = (
+            f"the classifier ({c['model']}, {c['rule']} rule, parameter {c['setting']:g})"
+            if c.get("policy") == "classifier"
+            else f"the tuned threshold (tau = {c.get('setting', 0):g}): no learned policy beat it on validation"
+        )
         lines = [
             f"# disco classifier: {self.out}",
             "",
@@ -613,8 +779,10 @@ class TrainReport:
             "|---|---|---|---|---|---|",
         ]
         for name, mm in (self.model_metrics or {"model": m}).items():
-            lines.append(f"| {name} | {f(mm['roc_auc'])} | {f(mm['pr_auc'])} | {f(mm['pr_auc_reject'])} | "
-                         f"{f(mm['log_loss'])} | {f(mm['accuracy'])} |")
+            lines.append(
+                f"| {name} | {f(mm['roc_auc'])} | {f(mm['pr_auc'])} | {f(mm['pr_auc_reject'])} | "
+                f"{f(mm['log_loss'])} | {f(mm['accuracy'])} |"
+            )
         lines += [
             "",
             f"Simulated speedup over target-only decoding on the validation prompts; cost model: {self.cost.source} "
@@ -625,33 +793,63 @@ class TrainReport:
             "|---|---|---|---|---|---|---|",
         ]
         for r in self.table:
-            lines.append(f"| {r['policy']} | {r['setting']} | {r['speedup']:.3f} | {r['target_forwards_per_token']:.3f}"
-                         f" | {r['draft_forwards_per_token']:.3f} | {r['mean_accepted']:.2f} | "
-                         f"{100 * r['approx_drafts']:.1f}% |")
+            lines.append(
+                f"| {r['policy']} | {r['setting']} | {r['speedup']:.3f} | {r['target_forwards_per_token']:.3f}"
+                f" | {r['draft_forwards_per_token']:.3f} | {r['mean_accepted']:.2f} | "
+                f"{100 * r['approx_drafts']:.1f}% |"
+            )
         if self.per_task:
-            lines += ["", "Per task (validation prompts; every policy at the setting tuned on all of them; classifier: "
-                      "the best learned policy):", "",
-                      "| task | prompts | oracle | classifier | tuned threshold | tau = 0.4 | tuned constant | heuristic "
-                      "| classifier / tuned threshold |", "|---|---|---|---|---|---|---|---|---|"]
-            lines += [f"| {r['task']} | {r['prompts']} | {r['oracle']:.3f} | {r['classifier']:.3f} | {r['threshold']:.3f}"
-                      f" | {r['tau']:.3f} | {r['constant']:.3f} | {r['heuristic']:.3f} | "
-                      f"{r['classifier'] / r['threshold']:.3f} |" for r in self.per_task]
+            lines += [
+                "",
+                "Per task (validation prompts; every policy at the setting tuned on all of them; classifier: "
+                "the best learned policy):",
+                "",
+                "| task | prompts | oracle | classifier | tuned threshold | tau = 0.4 | tuned constant | heuristic "
+                "| classifier / tuned threshold |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {r['task']} | {r['prompts']} | {r['oracle']:.3f} | {r['classifier']:.3f} | {r['threshold']:.3f}"
+                f" | {r['tau']:.3f} | {r['constant']:.3f} | {r['heuristic']:.3f} | "
+                f"{r['classifier'] / r['threshold']:.3f} |"
+                for r in self.per_task
+            ]
         if self.cross_task:
-            lines += ["", "Train on one task, test on another (fit on the training task's train prompts, threshold "
-                      "and tau tuned on its validation prompts, tested on the test task's validation prompts):", "",
-                      "| trained on | tested on | classifier t | classifier | tau | tuned threshold | ratio |",
-                      "|---|---|---|---|---|---|---|"]
-            lines += [f"| {r['train_task']} | {r['test_task']} | {r['threshold']:g} | {r['classifier']:.3f} | "
-                      f"{r['tau']:g} | {r['tuned_threshold']:.3f} | {r['ratio']:.3f} |" for r in self.cross_task]
+            lines += [
+                "",
+                "Train on one task, test on another (fit on the training task's train prompts, threshold "
+                "and tau tuned on its validation prompts, tested on the test task's validation prompts):",
+                "",
+                "| trained on | tested on | classifier t | classifier | tau | tuned threshold | ratio |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {r['train_task']} | {r['test_task']} | {r['threshold']:g} | {r['classifier']:.3f} | "
+                f"{r['tau']:g} | {r['tuned_threshold']:.3f} | {r['ratio']:.3f} |"
+                for r in self.cross_task
+            ]
         if self.importance:
-            lines += ["", "Permutation importance (drop in validation ROC-AUC when shuffled):", "",
-                      "| feature | importance |", "|---|---|"]
+            lines += [
+                "",
+                "Permutation importance (drop in validation ROC-AUC when shuffled):",
+                "",
+                "| feature | importance |",
+                "|---|---|",
+            ]
             lines += [f"| {k} | {v:.4f} |" for k, v in self.importance.items()]
         if self.ablation:
-            lines += ["", "Ablation (each variant retrained, token-rule threshold tuned by simulated speedup):", "",
-                      "| variant | inputs | ROC-AUC | threshold | speedup | vs all |", "|---|---|---|---|---|---|"]
-            lines += [f"| {r['variant']} | {r['features']} | {f(r['roc_auc'])} | {r['threshold']:g} | "
-                      f"{r['speedup']:.3f} | {r['delta_vs_all']:+.3f} |" for r in self.ablation]
+            lines += [
+                "",
+                "Ablation (each variant retrained, token-rule threshold tuned by simulated speedup):",
+                "",
+                "| variant | inputs | ROC-AUC | threshold | speedup | vs all |",
+                "|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {r['variant']} | {r['features']} | {f(r['roc_auc'])} | {r['threshold']:g} | "
+                f"{r['speedup']:.3f} | {r['delta_vs_all']:+.3f} |"
+                for r in self.ablation
+            ]
         return "\n".join(lines) + "\n"
 
 
@@ -667,8 +865,7 @@ def train(cfg: TrainConfig) -> TrainReport:
     check_out_dir(cfg.out, "--out", True, "artifact")  # a file or a trace folder is refused before any work
     data = load_trace_data(cfg.traces)
     rows = data.rows
-    train_mask, val_mask = split_by_prompt(rows["prompt_id"].to_numpy(), cfg.val_fraction, cfg.seed,
-                                           row_tasks(rows))
+    train_mask, val_mask = split_by_prompt(rows["prompt_id"].to_numpy(), cfg.val_fraction, cfg.seed, row_tasks(rows))
     check_split(rows, train_mask, val_mask)
     drafted = rows["oracle_drafted"].to_numpy(bool)
     X = rows[list(FEATURES)].to_numpy(np.float64)
@@ -678,24 +875,31 @@ def train(cfg: TrainConfig) -> TrainReport:
         raise DiscoError("the training prompts' drafted tokens are all of one class: add prompts or change --seed")
     labels = ("soft" if data.sampled else "sampled") if cfg.labels == "auto" else cfg.labels
     if labels == "soft" and not data.sampled:
-        raise DiscoError("--labels soft needs sampled traces (disco collect --temperature > 0): under greedy decoding "
-                         "acceptance is the label itself")
+        raise DiscoError(
+            "--labels soft needs sampled traces (disco collect --temperature > 0): under greedy decoding "
+            "acceptance is the label itself"
+        )
     # Sampled traces: min(1, p/q) is the label's expectation given the drafted token, the same target with
     # none of the accept/reject draw's noise. Metrics, calibration and tuning still use the sampled labels.
     soft = rows["accept_prob"].to_numpy(np.float64) if labels == "soft" else None
     soft_tr = None if soft is None else soft[tr]
 
     # The models: cfg.model on FEATURES, and the head on FEATURES + hidden state when the traces hold it.
-    raw: dict[str, Model] = {cfg.model: fit_model(cfg.model, X[tr], y[tr], data.features, cfg.seed, cfg.balanced, soft_tr)}
+    raw: dict[str, Model] = {
+        cfg.model: fit_model(cfg.model, X[tr], y[tr], data.features, cfg.seed, cfg.balanced, soft_tr)
+    }
     inputs: dict[str, np.ndarray] = {cfg.model: X}
     if cfg.head and data.hidden is not None:
         H = data.hidden_matrix(np.ones(len(rows), bool))
-        raw["head"] = fit_head(X[tr], H[tr], y[tr] if soft is None else soft_tr, data.features,
-                               rows["prompt_id"].to_numpy()[tr], cfg.seed)
+        raw["head"] = fit_head(
+            X[tr], H[tr], y[tr] if soft is None else soft_tr, data.features, rows["prompt_id"].to_numpy()[tr], cfg.seed
+        )
         inputs["head"] = np.concatenate([X, H], 1)
         del H
     models = {name: Calibrated(m, platt(m.predict_proba(inputs[name][va]), y[va])) for name, m in raw.items()}
-    model_metrics = {name: classification_metrics(y[va], m.predict_proba(inputs[name][va])) for name, m in models.items()}
+    model_metrics = {
+        name: classification_metrics(y[va], m.predict_proba(inputs[name][va])) for name, m in models.items()
+    }
 
     val_traces = traces_for(data, val_mask)
     table, tuned, learned = policy_table(val_traces, models, cost, cfg.max_window, cfg.progress)
@@ -704,11 +908,28 @@ def train(cfg: TrainConfig) -> TrainReport:
     token = next(e for e in learned if e.model_name == cfg.model and e.rule == "token")
     importance = permutation_importance(main, X[va], y[va], cfg.seed)
     head_eval = (models["head"], inputs["head"][va]) if "head" in models else None
-    abl = (ablation(cfg.model, X[tr], y[tr], X[va], y[va], val_traces, cost, cfg, main, data.features, head_eval,
-                    soft_tr) if cfg.ablate else [])
+    abl = (
+        ablation(cfg.model, X[tr], y[tr], X[va], y[va], val_traces, cost, cfg, main, data.features, head_eval, soft_tr)
+        if cfg.ablate
+        else []
+    )
     tasks = per_task_table(data, val_mask, best, tuned, cost, cfg.max_window)
-    cross = (cross_task(data, train_mask, val_mask, X, y, cost, cfg, (main, token.tuned.best, tuned["threshold"].best),
-                        data.features, soft) if cfg.cross_task else [])
+    cross = (
+        cross_task(
+            data,
+            train_mask,
+            val_mask,
+            X,
+            y,
+            cost,
+            cfg,
+            (main, token.tuned.best, tuned["threshold"].best),
+            data.features,
+            soft,
+        )
+        if cfg.cross_task
+        else []
+    )
 
     split = {
         "train_prompts": int(rows.loc[train_mask, "prompt_id"].nunique()),
@@ -720,14 +941,20 @@ def train(cfg: TrainConfig) -> TrainReport:
     metrics = model_metrics[best.model_name]
     decoding = "greedy decoding"
     if data.sampled:  # the check: the same policies replayed with the traces' sampled outcomes instead
-        replays = {"chosen": best.factory(cost), "threshold": replay_policy("threshold", threshold=tuned["threshold"].best)}
+        replays = {
+            "chosen": best.factory(cost),
+            "threshold": replay_policy("threshold", threshold=tuned["threshold"].best),
+        }
         check = simulate_many(traces_for(data, val_mask, expected=False), replays, cfg.max_window)
-        decoding = (f"sampling at temperature {data.sampling['temperature']:g}, top-p {data.sampling['top_p']:g} "
-                    f"({labels} labels; simulated with expected acceptance; with the traces' sampled outcomes instead: "
-                    f"best learned policy {check['chosen'].speedup(cost):.3f}, tuned threshold "
-                    f"{check['threshold'].speedup(cost):.3f})")
-    report = TrainReport(cfg.out, threshold, metrics, table, importance, cost, abl, split, tasks, cross, choice,
-                         model_metrics, decoding)
+        decoding = (
+            f"sampling at temperature {data.sampling['temperature']:g}, top-p {data.sampling['top_p']:g} "
+            f"({labels} labels; simulated with expected acceptance; with the traces' sampled outcomes instead: "
+            f"best learned policy {check['chosen'].speedup(cost):.3f}, tuned threshold "
+            f"{check['threshold'].speedup(cost):.3f})"
+        )
+    report = TrainReport(
+        cfg.out, threshold, metrics, table, importance, cost, abl, split, tasks, cross, choice, model_metrics, decoding
+    )
     calibration = models[best.model_name].calibration
     record = {
         "threshold": threshold,  # the parameter of `rule` (a P(accept) threshold for the token rule)
@@ -780,6 +1007,8 @@ def check_split(rows: pd.DataFrame, train_mask: np.ndarray, val_mask: np.ndarray
     tasks = row_tasks(rows)
     per_task = {t: len(set(rows.loc[tasks == t, "prompt_id"])) for t in sorted(set(tasks.tolist()))}
     shown = ", ".join(f"{n} of task {t or '(none)'}" for t, n in per_task.items())
-    raise DiscoError(f"the traces hold too few prompts to split by prompt ({shown}): training needs at least 2 "
-                     "prompts of one task with drafted tokens (one to fit, one to validate), and more for useful "
-                     "metrics: collect more prompts")
+    raise DiscoError(
+        f"the traces hold too few prompts to split by prompt ({shown}): training needs at least 2 "
+        "prompts of one task with drafted tokens (one to fit, one to validate), and more for useful "
+        "metrics: collect more prompts"
+    )

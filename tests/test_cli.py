@@ -44,13 +44,29 @@ def cli(capsys, *args):
 def test_generate_writes_json_identical_to_target(folders, tmp_path, capsys):
     t, d, _ = folders
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "task": "t", "prompt": f"def f{i}(x):"}) + "\n"
-                               for i in range(3)))
+    prompts.write_text(
+        "".join(json.dumps({"id": f"p{i}", "task": "t", "prompt": f"def f{i}(x):"}) + "\n" for i in range(3))
+    )
     outs = {}
     for policy in ("target", "constant", "heuristic", "threshold", "oracle"):
-        code, stdout, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompts", prompts,
-                                "--policy", policy, "--max-new-tokens", 12, "--device", "cpu",
-                                "--json", tmp_path / f"{policy}.json")
+        code, stdout, err = cli(
+            capsys,
+            "generate",
+            "--target",
+            t,
+            "--draft",
+            d,
+            "--prompts",
+            prompts,
+            "--policy",
+            policy,
+            "--max-new-tokens",
+            12,
+            "--device",
+            "cpu",
+            "--json",
+            tmp_path / f"{policy}.json",
+        )
         assert code == 0, err
         assert f"[{policy}]" in err and "tok/s" in err
         data = json.loads((tmp_path / f"{policy}.json").read_text())
@@ -62,8 +78,22 @@ def test_generate_writes_json_identical_to_target(folders, tmp_path, capsys):
 
 def test_single_prompt_is_tokenized_as_the_tokenizer_does(folders, tmp_path, capsys):
     t, d, _ = folders
-    code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hello", "--policy", "constant",
-                       "--max-new-tokens", 5, "--json", tmp_path / "o.json")
+    code, _, err = cli(
+        capsys,
+        "generate",
+        "--target",
+        t,
+        "--draft",
+        d,
+        "--prompt",
+        "hello",
+        "--policy",
+        "constant",
+        "--max-new-tokens",
+        5,
+        "--json",
+        tmp_path / "o.json",
+    )
     assert code == 0, err
     from transformers import AutoModelForCausalLM
 
@@ -74,16 +104,19 @@ def test_single_prompt_is_tokenized_as_the_tokenizer_does(folders, tmp_path, cap
     assert json.loads((tmp_path / "o.json").read_text())["results"][0]["token_ids"] == ref
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--target", "/no/such/model", "--draft", "/no/such/draft"], "no such model folder"),
-    (["--policy", "constant", "--k", "0"], "--k must be at least 1"),
-    (["--threshold", "1.5"], "--threshold must be within [0, 1]"),
-    (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
-    (["--policy", "sometimes"], "unknown policy 'sometimes'"),
-    (["--prompt", "   "], "the prompt is empty"),
-    (["--prompt", "x" * 300], "exceeds the models' context of 256 tokens"),
-    (["--prompts", "/no/such.jsonl"], "prompt file not found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "/no/such/model", "--draft", "/no/such/draft"], "no such model folder"),
+        (["--policy", "constant", "--k", "0"], "--k must be at least 1"),
+        (["--threshold", "1.5"], "--threshold must be within [0, 1]"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+        (["--policy", "sometimes"], "unknown policy 'sometimes'"),
+        (["--prompt", "   "], "the prompt is empty"),
+        (["--prompt", "x" * 300], "exceeds the models' context of 256 tokens"),
+        (["--prompts", "/no/such.jsonl"], "prompt file not found"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(folders, capsys, args, message):
     t, d, _ = folders
     base = ["generate", "--target", t, "--draft", d, "--max-new-tokens", 4]
@@ -114,7 +147,14 @@ def test_bad_prompt_files(tmp_path, folders, capsys):
 
 
 def test_installed_command_exits_2_without_traceback():
-    proc = subprocess.run([sys.executable, "cli.py", "generate", "--prompt", "hi", "--policy", "nope"],
-                          capture_output=True, text=True, cwd=__file__.rsplit("/tests/", 1)[0])
+    proc = subprocess.run(
+        [sys.executable, "cli.py", "generate", "--prompt", "hi", "--policy", "nope"],
+        capture_output=True,
+        text=True,
+        cwd=__file__.rsplit("/tests/", 1)[0],
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: unknown policy 'nope': choose one of target, constant, heuristic, threshold, adaedl, svip, oracle, classifier"
+    assert (
+        proc.stderr.strip()
+        == "error: unknown policy 'nope': choose one of target, constant, heuristic, threshold, adaedl, svip, oracle, classifier"
+    )

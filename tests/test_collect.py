@@ -32,6 +32,7 @@ TOKEN_INFO = ["gen_pos", "window_id", "oracle_drafted", "label", "draft_token", 
 
 # --- features and order ----------------------------------------------------------------------
 
+
 def test_top_probs_equals_topk():
     g = torch.Generator().manual_seed(0)
     for vocab in (5000, 151936, 50257, 97, 10):  # multiple of the chunk, not, fewer chunks than k
@@ -49,26 +50,30 @@ def test_round_robin_takes_one_prompt_per_task_in_turn():
     assert collect_mod.round_robin([1, 2, 6, 8], tasks) == [1, 6, 2, 8]
 
 
-
 # --- the oracle's windows, exactly ---------------------------------------------------------------
 
-@pytest.mark.parametrize("labels, max_new, window, expected", [
-    # all accepted, cap 4: windows of 4, each followed by an undrafted bonus token (as the loop: [4, 4])
-    ([1] * 10, 10, 4, [(0, 4), (5, 4)]),
-    # mismatch at every third token: the rejected token is drafted, the next window starts after it
-    ([1, 1, 0] * 3, 9, 20, [(0, 3), (3, 3), (6, 2)]),
-    # the last position of a max-length y is a target-only round (k_max = 0)
-    ([0, 0, 0], 3, 20, [(0, 1), (1, 1)]),
-    # y ended on EOS before the budget: the window runs to the end of y
-    ([1, 1, 1], 10, 20, [(0, 3)]),
-    ([1], 1, 20, []),  # one token to generate: nothing to draft
-    ([1, 1, 1, 1], 4, 0, []),  # max window 0: target-only decoding
-])
+
+@pytest.mark.parametrize(
+    "labels, max_new, window, expected",
+    [
+        # all accepted, cap 4: windows of 4, each followed by an undrafted bonus token (as the loop: [4, 4])
+        ([1] * 10, 10, 4, [(0, 4), (5, 4)]),
+        # mismatch at every third token: the rejected token is drafted, the next window starts after it
+        ([1, 1, 0] * 3, 9, 20, [(0, 3), (3, 3), (6, 2)]),
+        # the last position of a max-length y is a target-only round (k_max = 0)
+        ([0, 0, 0], 3, 20, [(0, 1), (1, 1)]),
+        # y ended on EOS before the budget: the window runs to the end of y
+        ([1, 1, 1], 10, 20, [(0, 3)]),
+        ([1], 1, 20, []),  # one token to generate: nothing to draft
+        ([1, 1, 1, 1], 4, 0, []),  # max window 0: target-only decoding
+    ],
+)
 def test_oracle_windows(labels, max_new, window, expected):
     assert oracle_windows(labels, max_new, window) == expected
 
 
 # --- the teacher-forced trace equals the real oracle loop ------------------------------------------
+
 
 class RecordingOracle(OraclePolicy):
     """The oracle policy, recording the features a live policy computes at each draft step (the
@@ -87,8 +92,15 @@ class RecordingOracle(OraclePolicy):
     def should_stop(self, step):
         tok = token_features(step.probs, step.token, step.gen_pos, step.context(), self.token_classes)
         feats = self.state.step(tok, step.window_pos)
-        self.rows.append({"gen_pos": step.gen_pos, "window_id": self.window, "draft_token": int(step.token),
-                          "features": feats.numpy(), "hidden": step.hidden.numpy()})
+        self.rows.append(
+            {
+                "gen_pos": step.gen_pos,
+                "window_id": self.window,
+                "draft_token": int(step.token),
+                "features": feats.numpy(),
+                "hidden": step.hidden.numpy(),
+            }
+        )
         return super().should_stop(step)
 
     def update(self, n_drafted, n_accepted, signals=None):
@@ -105,12 +117,20 @@ def pairs():
     return {noise: pair_from_models(*tiny_pair(noise=noise), tok) for noise in (0.05, 0.3)}
 
 
-@pytest.mark.parametrize("noise, max_new, window, eos_at", [
-    (0.05, 30, 20, None), (0.3, 30, 20, None),  # the default window: long accepted runs, frequent rejections
-    (0.05, 16, 3, None), (0.3, 16, 3, None),  # a small cap: bonus tokens after whole windows
-    (0.3, 7, 6, None), (0.05, 2, 20, None),  # the budget shrinks the last windows; one drafted token at most
-    (0.05, 24, 5, 6), (0.3, 24, 20, 11), (0.05, 24, 20, 11),  # EOS inside a window and as a correction
-])
+@pytest.mark.parametrize(
+    "noise, max_new, window, eos_at",
+    [
+        (0.05, 30, 20, None),
+        (0.3, 30, 20, None),  # the default window: long accepted runs, frequent rejections
+        (0.05, 16, 3, None),
+        (0.3, 16, 3, None),  # a small cap: bonus tokens after whole windows
+        (0.3, 7, 6, None),
+        (0.05, 2, 20, None),  # the budget shrinks the last windows; one drafted token at most
+        (0.05, 24, 5, 6),
+        (0.3, 24, 20, 11),
+        (0.05, 24, 20, 11),  # EOS inside a window and as a correction
+    ],
+)
 def test_trace_equals_live_oracle_loop(pairs, noise, max_new, window, eos_at):
     pair = pairs[noise]
     classes = token_class_table(pair.tokenizer, VOCAB)
@@ -163,6 +183,7 @@ def test_trace_equals_live_oracle_loop(pairs, noise, max_new, window, eos_at):
 
 # --- the folder: Parquet + manifest, readable as is -------------------------------------------------
 
+
 def make_prompts(n, task="code"):
     return [Prompt(f"{task}-{i:03d}", task, f"def f{i}(x):\n    return x * {i}") for i in range(n)]
 
@@ -190,15 +211,26 @@ def test_collect_writes_parquet_and_manifest(pair32, tmp_path, monkeypatch):
     assert len(df) == 60 and list(df.columns) == list(TRACE_COLUMNS)
     assert sorted(set(df["prompt_id"])) == sorted(p.id for p in prompts)
     # each prompt is its own trace: identical to tracing it alone
-    alone = collect_mod.trace_prompt(pair32, pair32.encode(prompts[0].prompt), CONFIG,
-                                     token_class_table(pair32.tokenizer, VOCAB), prompts[0].id, "code").to_pandas()
+    alone = collect_mod.trace_prompt(
+        pair32,
+        pair32.encode(prompts[0].prompt),
+        CONFIG,
+        token_class_table(pair32.tokenizer, VOCAB),
+        prompts[0].id,
+        "code",
+    ).to_pandas()
     pd.testing.assert_frame_equal(df[df["prompt_id"] == prompts[0].id].reset_index(drop=True), alone)
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["features"] == list(FEATURES) and manifest["columns"] == list(TRACE_COLUMNS)
     assert manifest["pair"]["tokenizer_hash"] and manifest["pair"]["target"] == "in-memory:target"
-    assert manifest["generation"] == {"max_new_tokens": 12, "max_window": 5, "temperature": 0.0, "chat": False,
-                                      "eos_token_ids": [1]}
+    assert manifest["generation"] == {
+        "max_new_tokens": 12,
+        "max_window": 5,
+        "temperature": 0.0,
+        "chat": False,
+        "eos_token_ids": [1],
+    }
     assert manifest["prompts"]["sources"] == ["a.jsonl", "b.jsonl"] and manifest["prompts"]["count"] == 5
     assert {"torch", "transformers", "pyarrow", "disco"} <= set(manifest["versions"])
     status = manifest["status"]
@@ -303,8 +335,9 @@ def test_other_pair_or_settings_are_refused_unless_overwrite(pair32, tmp_path):
     with pytest.raises(DiscoError, match="differs in features"):
         collect(pair32, make_prompts(2), out, CONFIG, progress=False)
 
-    stats = collect(pair32, make_prompts(3), out, DecodeConfig(max_new_tokens=8, max_window=5), overwrite=True,
-                    progress=False)
+    stats = collect(
+        pair32, make_prompts(3), out, DecodeConfig(max_new_tokens=8, max_window=5), overwrite=True, progress=False
+    )
     assert stats.prompts_traced == 3
     df = read_trace_rows(out)
     assert len(df) == 3 * 8 and read_manifest(out)["generation"]["max_new_tokens"] == 8
@@ -322,6 +355,7 @@ def test_other_pair_or_settings_are_refused_unless_overwrite(pair32, tmp_path):
 
 # --- prompts ---------------------------------------------------------------------------------------
 
+
 def test_prompt_sources_shipped_names_and_comma_lists():
     prompts = load_prompt_sources(["code-train,explain-train", str(ROOT / "data" / "write-test.jsonl")], limit=2)
     assert [p.task for p in prompts] == ["code", "code", "explain", "explain", "write", "write"]
@@ -335,23 +369,29 @@ def test_hf_prompt_sets_from_local_copies(tmp_path, monkeypatch):
     import datasets
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
-    mbpp = datasets.Dataset.from_dict({
-        "task_id": [601, 602], "text": ["Write a function to add.", "Write a function to sub."],
-        "code": ["", ""], "test_list": [["assert add(1, 2) == 3"], ["assert sub(3, 2) == 1", "assert sub(0, 0) == 0"]],
-    })
+    mbpp = datasets.Dataset.from_dict(
+        {
+            "task_id": [601, 602],
+            "text": ["Write a function to add.", "Write a function to sub."],
+            "code": ["", ""],
+            "test_list": [["assert add(1, 2) == 3"], ["assert sub(3, 2) == 1", "assert sub(0, 0) == 0"]],
+        }
+    )
     mbpp.save_to_disk(str(tmp_path / "mbpp"))
     prompts = load_prompt_sources([f"hf:mbpp={tmp_path / 'mbpp'}"])
     assert [(p.id, p.task) for p in prompts] == [("mbpp-601", "code"), ("mbpp-602", "code")]
-    assert prompts[1].prompt == ("Write a function to sub.\nYour code should pass these tests:\n\n"
-                                 "assert sub(3, 2) == 1\nassert sub(0, 0) == 0")
+    assert prompts[1].prompt == (
+        "Write a function to sub.\nYour code should pass these tests:\n\nassert sub(3, 2) == 1\nassert sub(0, 0) == 0"
+    )
 
     humaneval = tmp_path / "he.jsonl"
     humaneval.write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n", "entry_point": "f"}) + "\n")
     (p,) = load_prompt_sources([f"hf:humaneval:test={humaneval}"], limit=1)
     assert p.id == "humaneval-0" and p.prompt.endswith("```python\ndef f():\n```")
     alpaca = tmp_path / "alpaca.parquet"
-    datasets.Dataset.from_dict({"instruction": ["Say hi.", "Translate."], "input": ["", "chat"],
-                                "output": ["hi", "cat"]}).to_parquet(str(alpaca))
+    datasets.Dataset.from_dict(
+        {"instruction": ["Say hi.", "Translate."], "input": ["", "chat"], "output": ["hi", "cat"]}
+    ).to_parquet(str(alpaca))
     assert [p.prompt for p in load_prompt_sources([f"hf:alpaca={alpaca}"])] == ["Say hi.", "Translate.\n\nchat"]
 
     with pytest.raises(DiscoError, match="unknown dataset 'hf:nope'"):
@@ -364,22 +404,42 @@ def test_hf_prompt_sets_from_local_copies(tmp_path, monkeypatch):
 
 # --- the command line --------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
     target, draft = tiny_pair(noise=0.1, dtype=torch.float32)
     tok = char_tokenizer()
     prompts = root / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "task": ["code", "write"][i % 2],
-                                           "prompt": f"def f{i}(x):"}) + "\n" for i in range(5)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "task": ["code", "write"][i % 2], "prompt": f"def f{i}(x):"}) + "\n"
+            for i in range(5)
+        )
+    )
     return save_tiny(target, tok, root / "target"), save_tiny(draft, tok, root / "draft"), prompts
-
 
 
 def collect_args(folders, out, *more):
     t, d, prompts = folders
-    return ["collect", "--target", t, "--draft", d, "--prompts", prompts, "--out", out, "--max-new-tokens", 10,
-            "--device", "cpu", "--dtype", "float32", *more]
+    return [
+        "collect",
+        "--target",
+        t,
+        "--draft",
+        d,
+        "--prompts",
+        prompts,
+        "--out",
+        out,
+        "--max-new-tokens",
+        10,
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        *more,
+    ]
 
 
 def test_cli_collect_and_bad_prompt_files(folders, tmp_path, capsys):
@@ -392,23 +452,35 @@ def test_cli_collect_and_bad_prompt_files(folders, tmp_path, capsys):
     assert code == 2 and "--overwrite" in err and "Traceback" not in err
 
     t, d, _ = folders
-    cases = {"missing.jsonl": None, "notjson.jsonl": "{nope\n", "nofield.jsonl": '{"id": "a"}\n', "empty.jsonl": "\n",
-             "binary.jsonl": b"\xff\xfe\x00"}
+    cases = {
+        "missing.jsonl": None,
+        "notjson.jsonl": "{nope\n",
+        "nofield.jsonl": '{"id": "a"}\n',
+        "empty.jsonl": "\n",
+        "binary.jsonl": b"\xff\xfe\x00",
+    }
     for name, text in cases.items():
         path = tmp_path / name
         if isinstance(text, bytes):
             path.write_bytes(text)
         elif text is not None:
             path.write_text(text)
-        code, _, err = cli(capsys, "collect", "--target", t, "--draft", d, "--prompts", path,
-                           "--out", tmp_path / f"out-{name}")
+        code, _, err = cli(
+            capsys, "collect", "--target", t, "--draft", d, "--prompts", path, "--out", tmp_path / f"out-{name}"
+        )
         assert code == 2 and err.strip().startswith("error: ") and "Traceback" not in err, err
         assert not (tmp_path / f"out-{name}").exists()
 
 
 def run_cli(*args, env=None, **kw):
-    return subprocess.run([sys.executable, "cli.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, **kw)
+    return subprocess.run(
+        [sys.executable, "cli.py", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        **kw,
+    )
 
 
 # A process that dies at its 4th prompt as under SIGKILL (os._exit: no handler, no flush runs).
@@ -433,16 +505,34 @@ def test_killed_run_resumed_by_two_processes_gives_the_rows_of_one(folders, tmp_
     assert code == 0, err
     # Killed at the 4th prompt: the shard of prompts 0-1 is on disk, prompt 2 was only in memory.
     two = collect_args(folders, tmp_path / "two", "--shard-prompts", 2)
-    proc = subprocess.run([sys.executable, "-c", KILLED_AT_4TH_PROMPT, *map(str, two)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_AT_4TH_PROMPT, *map(str, two)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 9, proc.stderr[-3000:]
     assert set(read_trace_rows(tmp_path / "two")["prompt_id"]) == {"p0", "p1"}
     assert not read_manifest(tmp_path / "two")["status"]["complete"]
     # Two processes finish the folder: each takes its prompts (i % 2) that are not done yet.
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "cli.py",
-                           *map(str, two)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "cli.py",
+            *map(str, two),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0/2: traced 2 prompts (1 already done)" in proc.stderr
     assert "rank 1/2: traced 1 prompts (1 already done)" in proc.stderr

@@ -46,8 +46,7 @@ def test_compare_shows_the_padding_of_captured_steps(tmp_path):
     pair = pair_from_models(target, draft, char_tokenizer())
     prompts = [Prompt(f"p{i}", "t", f"def f{i}(x): return") for i in range(2)]
     entries = [e for e in default_entries(tuned_k=3) if e.label in ("constant k=3 (tuned)", "constant k=5")]
-    result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=16), tmp_path, progress=False,
-                         plots=False)
+    result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=16), tmp_path, progress=False, plots=False)
     summary = result["summary"]
     assert all(s["lossless"] for s in summary.values()) and result["compile_s"] >= 0
     assert summary[TARGET_LABEL]["padded_per_token"] == 0  # one-token steps fill bucket 1 exactly
@@ -62,8 +61,9 @@ def test_compare_of_anchors_only_plots_what_it_has(tmp_path):
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     pair = pair_from_models(target, draft, char_tokenizer())
     entries = [e for e in default_entries(pair=pair) if e.label == HF_LABEL]
-    run_compare(pair, [Prompt("p0", "t", "def f(x): return")], entries, DecodeConfig(max_new_tokens=8), tmp_path,
-                progress=False)
+    run_compare(
+        pair, [Prompt("p0", "t", "def f(x): return")], entries, DecodeConfig(max_new_tokens=8), tmp_path, progress=False
+    )
     assert (tmp_path / "speedup.png").exists() and not (tmp_path / "window_histograms.png").exists()
 
 
@@ -72,12 +72,16 @@ def test_cost_model_speedups_from_counts():
 
     cost = CostModel(c_d=0.5, c_t=(1.0, 1.5, 2.0, 2.5))
     run = lambda n, t, d, w: {"new_tokens": n, "target_forwards": t, "draft_forwards": d, "windows": w}  # noqa: E731
-    result = {"summary": {TARGET_LABEL: {}, "p": {}, HF_LABEL: {}}, "anchors": [HF_LABEL], "prompts": [
-        # 6 tokens: windows 3 (c_t(4) = 2.5) and 1 (c_t(2) = 1.5), one target-only round, 4 drafts
-        {"runs": {TARGET_LABEL: run(6, 6, 0, []), "p": run(6, 3, 4, [3, 1]), HF_LABEL: run(6, 2, 5, [])}},
-        # 2 tokens: one window of 1 -> c_t(2) + c_d = 2.0
-        {"runs": {TARGET_LABEL: run(2, 2, 0, []), "p": run(2, 1, 1, [1]), HF_LABEL: run(2, 1, 1, [])}},
-    ]}
+    result = {
+        "summary": {TARGET_LABEL: {}, "p": {}, HF_LABEL: {}},
+        "anchors": [HF_LABEL],
+        "prompts": [
+            # 6 tokens: windows 3 (c_t(4) = 2.5) and 1 (c_t(2) = 1.5), one target-only round, 4 drafts
+            {"runs": {TARGET_LABEL: run(6, 6, 0, []), "p": run(6, 3, 4, [3, 1]), HF_LABEL: run(6, 2, 5, [])}},
+            # 2 tokens: one window of 1 -> c_t(2) + c_d = 2.0
+            {"runs": {TARGET_LABEL: run(2, 2, 0, []), "p": run(2, 1, 1, [1]), HF_LABEL: run(2, 1, 1, [])}},
+        ],
+    }
     out = cost_model_speedups(result, cost)
     assert out[TARGET_LABEL] == {"pooled": 1.0, "median": 1.0, "by_seed": {"None": 1.0}}
     times = [2.5 + 1.5 + 1.0 + 4 * 0.5, 1.5 + 0.5]  # 7.0 and 2.0
@@ -99,9 +103,20 @@ def test_a_run_that_differs_is_counted_not_hidden():
     assert _first_mismatch([1, 2, 3], [1, 2, 3]) is None
     assert _first_mismatch([1, 9, 3], [1, 2, 3]) == 1
     assert _first_mismatch([1, 2], [1, 2, 3]) == 2  # stopped early (an EOS the reference did not emit)
-    row = {"speedup": 1.1, "speedup_median": 1.1, "speedup_min": 1.0, "speedup_max": 1.2, "tokens_per_s": 9.0,
-           "target_forwards_per_token": None, "draft_forwards_per_token": None, "mean_accepted_window": None,
-           "acceptance_rate": 0.5, "lossless": False, "mismatched_prompts": 2, "prompts": 9}
+    row = {
+        "speedup": 1.1,
+        "speedup_median": 1.1,
+        "speedup_min": 1.0,
+        "speedup_max": 1.2,
+        "tokens_per_s": 9.0,
+        "target_forwards_per_token": None,
+        "draft_forwards_per_token": None,
+        "mean_accepted_window": None,
+        "acceptance_rate": 0.5,
+        "lossless": False,
+        "mismatched_prompts": 2,
+        "prompts": 9,
+    }
     line = format_table({"llama-server -md": row}).splitlines()[-1]
     assert "NO (2/9 prompts differ)" in line and "| – | – |" in line
 
@@ -127,12 +142,14 @@ def test_compare_sampled_runs_seeds_and_reports_log_probs(tmp_path):
         # outputs (and their lengths) differ between runs: speedups compare time per token
         assert s["speedup"] == pytest.approx(s["tokens_per_s"] / base_rate), label
     from disco.compare import _per_token_speedup
+
     assert _per_token_speedup(10.0, 50, 10.0, 100) == 2.0  # same time, twice the tokens: twice as fast
     # the log-prob is the output's: target-only's second seed, decoded again
     ids = pair.encode(prompts[0].prompt)
     again = target_generate(pair.target, ids, dataclasses.replace(config, seed=6), pair.eos_token_ids).tokens
     assert result["prompts"][1]["runs"][TARGET_LABEL]["target_logprob"] == pytest.approx(
-        target_logprob(pair, ids, again, config))
+        target_logprob(pair, ids, again, config)
+    )
     # different seeds give different outputs (the rows are not one run repeated)
     base = [p["runs"][TARGET_LABEL]["target_logprob"] for p in result["prompts"][:3]]
     assert len(set(base)) > 1

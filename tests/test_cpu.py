@@ -52,7 +52,9 @@ def test_every_linear_is_swapped(backend_pair):
     assert cpu_backend_of(target) == backend
 
 
-@pytest.mark.parametrize("policy", [lambda: ConstantPolicy(4), lambda: HeuristicPolicy(3), lambda: ThresholdPolicy(0.5)])
+@pytest.mark.parametrize(
+    "policy", [lambda: ConstantPolicy(4), lambda: HeuristicPolicy(3), lambda: ThresholdPolicy(0.5)]
+)
 def test_greedy_speculative_equals_own_target_only(backend_pair, policy):
     backend, target, draft = backend_pair
     config = DecodeConfig(max_new_tokens=40, max_window=8)
@@ -84,9 +86,10 @@ def test_transformers_generate_runs_on_every_backend(backend_pair):
     config = DecodeConfig(max_new_tokens=10)
     ours = target_generate(target, prompt, config).tokens
     with torch.inference_mode():
-        hf = target.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-    assert hf[0, len(prompt):].tolist() == ours, backend
+        hf = target.generate(
+            torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    assert hf[0, len(prompt) :].tolist() == ours, backend
 
 
 @pytest.mark.parametrize("backend", ["onednn", "int8"])
@@ -104,7 +107,9 @@ def test_rows_are_computed_independently(backend):
         assert torch.equal(together, alone)
     else:
         torch.testing.assert_close(together, alone)
-    torch.testing.assert_close(together, ref, rtol=0.05 if backend == "int8" else 1e-5, atol=0.05 * ref.abs().max().item())
+    torch.testing.assert_close(
+        together, ref, rtol=0.05 if backend == "int8" else 1e-5, atol=0.05 * ref.abs().max().item()
+    )
 
 
 def test_three_dimensional_input_and_bias():
@@ -178,16 +183,34 @@ def test_cli_generate_cpu_backend(folders, tmp_path, capsys):
     for backend in ("eager", "int8"):
         for policy in ("target", "constant"):
             path = tmp_path / f"{backend}-{policy}.json"
-            code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "def f(x):",
-                               "--policy", policy, "--max-new-tokens", 12, "--device", "cpu",
-                               "--cpu-backend", backend, "--json", path)
+            code, _, err = cli(
+                capsys,
+                "generate",
+                "--target",
+                t,
+                "--draft",
+                d,
+                "--prompt",
+                "def f(x):",
+                "--policy",
+                policy,
+                "--max-new-tokens",
+                12,
+                "--device",
+                "cpu",
+                "--cpu-backend",
+                backend,
+                "--json",
+                path,
+            )
             assert code == 0, err
             data = json.loads(path.read_text())
             assert data["pair"]["cpu_backend"] == backend
             outs[backend, policy] = data["results"][0]["token_ids"]
         assert outs[backend, "target"] == outs[backend, "constant"]
-    code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "x", "--device", "cpu",
-                       "--cpu-backend", "fastest")
+    code, _, err = cli(
+        capsys, "generate", "--target", t, "--draft", d, "--prompt", "x", "--device", "cpu", "--cpu-backend", "fastest"
+    )
     assert code == 2 and "unknown CPU backend 'fastest'" in err and "Traceback" not in err
 
 

@@ -110,9 +110,10 @@ def test_target_loop_matches_transformers_generate(models):
     target, _ = models
     for prompt in PROMPTS[:5]:
         ours = target_generate(target, prompt, DecodeConfig(max_new_tokens=12)).tokens
-        ref = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)
-        assert ours == ref[0, len(prompt):].tolist()
+        ref = target.generate(
+            torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert ours == ref[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("policy_name", ["constant", "heuristic", "threshold", "adaptive", "oracle"])
@@ -122,8 +123,12 @@ def test_greedy_lossless_every_policy(models, policy_name):
     for i, prompt in enumerate(PROMPTS):
         max_new = [1, 2, 7, 16, 33][i % 5]
         ref = target_generate(target, prompt, DecodeConfig(max_new_tokens=max_new)).tokens
-        policy = make_policy(policy_name if policy_name != "adaptive" else "threshold",
-                             adaptive=policy_name == "adaptive", k=3, target_tokens=ref)
+        policy = make_policy(
+            policy_name if policy_name != "adaptive" else "threshold",
+            adaptive=policy_name == "adaptive",
+            k=3,
+            target_tokens=ref,
+        )
         res = speculative_generate(target, draft, prompt, policy, DecodeConfig(max_new_tokens=max_new, max_window=6))
         assert res.tokens == ref, (policy_name, prompt)
         assert res.stats.new_tokens == max_new
@@ -161,6 +166,7 @@ def test_bad_config_is_a_clear_error(models):
 
 
 # --- sampling: the target's distribution is preserved ---------------------------------------
+
 
 def test_rejection_sampling_preserves_target_distribution():
     vocab = 5

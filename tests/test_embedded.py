@@ -256,8 +256,9 @@ def test_prepare_without_wheels_and_no_install(cache: Path) -> None:
 def test_prepare_concurrent_converts_once(cache: Path, fake: EmbeddedModel, fake_convert: list[Path]) -> None:
     # flock locks belong to the open file description, so two threads contend like two processes.
     results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(prepare(fake, install=False, progress=False)))
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(prepare(fake, install=False, progress=False))) for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -311,7 +312,9 @@ def test_prepare_pair_real() -> None:
         assert getattr(config, "quantization_config", None) is None
 
 
-def test_gguf_file_is_verified_once_then_reused(cache: Path, fake: EmbeddedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gguf_file_is_verified_once_then_reused(
+    cache: Path, fake: EmbeddedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The llama.cpp engine runs the assembled GGUF itself: assembled and hashed once, then found by
     its marker without re-hashing; a modified file is hashed (and rebuilt) again."""
     path = embedded.gguf_file(fake, install=False, progress=False)

@@ -39,25 +39,81 @@ _COMMON = dict(vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=0, bos_token_id=
 
 # family -> (config class, model class, the config's size arguments: 2 layers, width 32)
 FAMILIES = {
-    "opt": (tf.OPTConfig, tf.OPTForCausalLM, dict(
-        hidden_size=32, ffn_dim=64, word_embed_proj_dim=32, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=256)),
-    "codegen": (tf.CodeGenConfig, tf.CodeGenForCausalLM, dict(
-        n_embd=32, n_inner=64, n_layer=2, n_head=4, rotary_dim=4, n_positions=256, n_ctx=256)),
-    "gpt_neox": (tf.GPTNeoXConfig, tf.GPTNeoXForCausalLM, dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, rotary_pct=0.25,
-        max_position_embeddings=256)),
-    "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=256)),
-    "gpt_bigcode": (tf.GPTBigCodeConfig, tf.GPTBigCodeForCausalLM, dict(  # StarCoder: multi-query attention
-        n_embd=32, n_inner=64, n_layer=2, n_head=4, n_positions=256, multi_query=True)),
-    "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=256)),
-    "t5": (tf.T5Config, tf.T5ForConditionalGeneration, dict(  # flan-t5: gated-gelu, untied head
-        d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-        relative_attention_num_buckets=8, feed_forward_proj="gated-gelu", decoder_start_token_id=0)),
+    "opt": (
+        tf.OPTConfig,
+        tf.OPTForCausalLM,
+        dict(
+            hidden_size=32,
+            ffn_dim=64,
+            word_embed_proj_dim=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=256,
+        ),
+    ),
+    "codegen": (
+        tf.CodeGenConfig,
+        tf.CodeGenForCausalLM,
+        dict(n_embd=32, n_inner=64, n_layer=2, n_head=4, rotary_dim=4, n_positions=256, n_ctx=256),
+    ),
+    "gpt_neox": (
+        tf.GPTNeoXConfig,
+        tf.GPTNeoXForCausalLM,
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rotary_pct=0.25,
+            max_position_embeddings=256,
+        ),
+    ),
+    "llama": (
+        tf.LlamaConfig,
+        tf.LlamaForCausalLM,
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        ),
+    ),
+    "gpt_bigcode": (
+        tf.GPTBigCodeConfig,
+        tf.GPTBigCodeForCausalLM,
+        dict(  # StarCoder: multi-query attention
+            n_embd=32, n_inner=64, n_layer=2, n_head=4, n_positions=256, multi_query=True
+        ),
+    ),
+    "qwen2": (
+        tf.Qwen2Config,
+        tf.Qwen2ForCausalLM,
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        ),
+    ),
+    "t5": (
+        tf.T5Config,
+        tf.T5ForConditionalGeneration,
+        dict(  # flan-t5: gated-gelu, untied head
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            feed_forward_proj="gated-gelu",
+            decoder_start_token_id=0,
+        ),
+    ),
 }
 DRAFT_NOISE = {"t5": 0.1}  # the draft's weight noise: enough agreement to exercise the accept path
 PROMPTS = [[(7 * i + 3 * j) % 90 + 3 for j in range(1 + i % 7)] for i in range(12)]
@@ -105,14 +161,16 @@ def _generated(model, out: torch.Tensor, n_prompt: int) -> list[int]:
 
 # --- the loop ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_target_loop_matches_transformers_generate(family):
     target, _ = tiny_family_pair(family)
     assert model_kind(target).encoder_decoder == (family == "t5")
     for prompt in PROMPTS[:4]:
         ours = target_generate(target, prompt, DecodeConfig(max_new_tokens=12)).tokens
-        ref = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)
+        ref = target.generate(
+            torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
         assert ours == _generated(target, ref, len(prompt)), prompt
 
 
@@ -127,16 +185,22 @@ def test_greedy_lossless_every_policy(family):
         accepted = 0
         for i, prompt in enumerate(PROMPTS):
             config = DecodeConfig(max_new_tokens=len(refs[i]), max_window=6)
-            policy = make_policy("threshold" if name == "adaptive" else name, adaptive=name == "adaptive", k=3,
-                                 target_tokens=refs[i])
+            policy = make_policy(
+                "threshold" if name == "adaptive" else name, adaptive=name == "adaptive", k=3, target_tokens=refs[i]
+            )
             res = speculative_generate(target, draft, prompt, policy, config)
             assert res.tokens == refs[i], (family, name, prompt)
             assert res.stats.recomputed_tokens == 0  # every family's cache is cropped, never re-run
             accepted += res.stats.accepted
         assert accepted > 0, name  # the draft does agree sometimes: the accept path runs
     # sampling runs too (its distribution is tested on stubs in test_decode)
-    res = speculative_generate(target, draft, PROMPTS[3], make_policy("constant", k=3),
-                               DecodeConfig(max_new_tokens=12, max_window=4, temperature=1.0, seed=1))
+    res = speculative_generate(
+        target,
+        draft,
+        PROMPTS[3],
+        make_policy("constant", k=3),
+        DecodeConfig(max_new_tokens=12, max_window=4, temperature=1.0, seed=1),
+    )
     assert len(res.tokens) == 12 and res.stats.drafted > 0
 
 
@@ -164,16 +228,22 @@ def test_static_cache_lossless_every_policy(family, static_caches):
     target, draft = tiny_family_pair(family)
     configs = [DecodeConfig(max_new_tokens=[2, 7, 16, 24][i % 4], max_window=6) for i in range(len(PROMPTS))]
     refs = [target_generate(target, p, c).tokens for p, c in zip(PROMPTS, configs)]
-    dynamic = {name: [speculative_generate(target, draft, p, make_policy(name, k=3, target_tokens=r), c).tokens
-                      for p, c, r in zip(PROMPTS, configs, refs)] for name in ("constant", "threshold", "oracle")}
+    dynamic = {
+        name: [
+            speculative_generate(target, draft, p, make_policy(name, k=3, target_tokens=r), c).tokens
+            for p, c, r in zip(PROMPTS, configs, refs)
+        ]
+        for name in ("constant", "threshold", "oracle")
+    }
     static_caches(target, draft)
     assert isinstance(TorchEngine.of(target).session(torch.tensor(PROMPTS[0]), capacity=20).cache, tf.StaticCache)
     assert [target_generate(target, p, c).tokens for p, c in zip(PROMPTS, configs)] == refs
     for name in ("constant", "heuristic", "threshold", "adaptive", "oracle"):
         accepted = drafted = 0
         for i, (prompt, config, ref) in enumerate(zip(PROMPTS, configs, refs)):
-            policy = make_policy("threshold" if name == "adaptive" else name, adaptive=name == "adaptive", k=3,
-                                 target_tokens=ref)
+            policy = make_policy(
+                "threshold" if name == "adaptive" else name, adaptive=name == "adaptive", k=3, target_tokens=ref
+            )
             res = speculative_generate(target, draft, prompt, policy, config)
             assert res.tokens == ref, (family, name, prompt)
             assert name not in dynamic or res.tokens == dynamic[name][i]
@@ -305,8 +375,9 @@ def test_sliding_window_cache_rolls_back_without_recompute():
     accepted = 0
     for prompt in PROMPTS[:4]:
         ref = target_generate(target, prompt, DecodeConfig(max_new_tokens=24)).tokens
-        hf = target.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
+        hf = target.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
         assert ref == _generated(target, hf, len(prompt))
         res = speculative_generate(target, draft, prompt, make_policy("constant", k=4), DecodeConfig(24, 6))
         assert res.tokens == ref and res.stats.recomputed_tokens == 0
@@ -326,6 +397,7 @@ def test_mixed_pairs_are_refused():
 
 
 # --- the collector and the round trip -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_trace_equals_live_oracle_loop(family):
@@ -360,8 +432,11 @@ def test_collect_train_generate_round_trip(family, tmp_path):
     config = DecodeConfig(max_new_tokens=16, max_window=6)
     stats = collect(pair, prompts, tmp_path / "traces", config, progress=False)
     assert stats.prompts_traced == 12 and stats.manifest["status"]["complete"]
-    report = train(TrainConfig([tmp_path / "traces"], tmp_path / "clf", model="logistic", max_window=6,
-                               val_fraction=0.25, progress=False))
+    report = train(
+        TrainConfig(
+            [tmp_path / "traces"], tmp_path / "clf", model="logistic", max_window=6, val_fraction=0.25, progress=False
+        )
+    )
     assert report.threshold in RULE_GRIDS[report.choice.get("rule", "token")] or report.choice["policy"] == "threshold"
     spec = PolicySpec("classifier", classifier=str(tmp_path / "clf"))
     drafted = 0
@@ -393,7 +468,10 @@ def test_compare_transformers_row_equals_target(family):
     for i in range(2):
         ids = pair.encode(f"def f{i}(x): return")
         ref = target_generate(target, ids, DecodeConfig(max_new_tokens=12), pair.eos_token_ids)
-        assert AssistedGeneration(pair).generate(ids, DecodeConfig(max_new_tokens=12), pair.eos_token_ids).tokens == ref.tokens
+        assert (
+            AssistedGeneration(pair).generate(ids, DecodeConfig(max_new_tokens=12), pair.eos_token_ids).tokens
+            == ref.tokens
+        )
 
 
 @pytest.mark.parametrize("family", ["opt", "t5"])
@@ -403,12 +481,12 @@ def test_compare_policies_lossless(family, tmp_path):
     prompts = [Prompt(f"p{i}", "t", f"def f{i}(x): return") for i in range(2)]
     # transformers' own assisted generation is a separate row (torch_engine.AssistedGeneration)
     entries = default_entries(tuned_k=3, pair=pair, include_anchor=False)
-    result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=12), tmp_path, progress=False,
-                         plots=False)
+    result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=12), tmp_path, progress=False, plots=False)
     assert all(s["lossless"] for s in result["summary"].values()), result["summary"]
 
 
 # --- tokenizers -----------------------------------------------------------------------------------
+
 
 def other_tokenizer():
     """A tokenizer with another vocabulary (as a Qwen draft's is to a Llama target's)."""
@@ -452,18 +530,27 @@ def test_pair_files_name_every_published_pair():
     for name, (target, draft) in expected.items():
         assert (pairs[name]["target"], pairs[name]["draft"]) == (target, draft)
     families = {p["family"] for p in pairs.values()}
-    assert {"OPTForCausalLM", "CodeGenForCausalLM", "T5ForConditionalGeneration", "LlamaForCausalLM",
-            "GPTNeoXForCausalLM", "GPTBigCodeForCausalLM"} <= families
+    assert {
+        "OPTForCausalLM",
+        "CodeGenForCausalLM",
+        "T5ForConditionalGeneration",
+        "LlamaForCausalLM",
+        "GPTNeoXForCausalLM",
+        "GPTBigCodeForCausalLM",
+    } <= families
     for p in pairs.values():
         assert p["dtype"] in ("auto", "bfloat16", "float32") and isinstance(p["chat"], bool)
 
 
 def test_pair_file_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
-    for text, message in [("target: a\n", "draft: must name a model"),
-                          ("target: a\ndraft: b\ntagret: c\n", "unknown key"),
-                          ("target: a\ndraft: b\ndtype: fp8\n", "dtype 'fp8'"), ("- a\n", "YAML mapping"),
-                          ("target: a\ndraft: b\nchat: maybe\n", "chat must be true or false")]:
+    for text, message in [
+        ("target: a\n", "draft: must name a model"),
+        ("target: a\ndraft: b\ntagret: c\n", "unknown key"),
+        ("target: a\ndraft: b\ndtype: fp8\n", "dtype 'fp8'"),
+        ("- a\n", "YAML mapping"),
+        ("target: a\ndraft: b\nchat: maybe\n", "chat must be true or false"),
+    ]:
         bad.write_text(text)
         with pytest.raises(DiscoError, match=message):
             load_pair_config(bad)
@@ -480,21 +567,51 @@ def test_cli_pair_option(family, tmp_path, capsys):
     pair_file = tmp_path / "pair.yaml"
     pair_file.write_text(f"name: tiny-{family}\ntarget: {t}\ndraft: {d}\ndtype: float32\nchat: false\n")
     if family == "t5":  # T5 reads its Linear layers' weights, which the int8 CPU backend packs away
-        code, _, err = cli(capsys, "generate", "--pair", pair_file, "--prompt", "x", "--device", "cpu",
-                           "--cpu-backend", "int8")
+        code, _, err = cli(
+            capsys, "generate", "--pair", pair_file, "--prompt", "x", "--device", "cpu", "--cpu-backend", "int8"
+        )
         assert code == 2 and "int8 does not support encoder-decoder" in err
     outs = {}
     for policy in ("target", "constant", "threshold"):
-        code, _, err = cli(capsys, "generate", "--pair", pair_file, "--prompt", "def f(x):", "--policy", policy,
-                           "--max-new-tokens", 10, "--device", "cpu", "--json", tmp_path / f"{policy}.json")
+        code, _, err = cli(
+            capsys,
+            "generate",
+            "--pair",
+            pair_file,
+            "--prompt",
+            "def f(x):",
+            "--policy",
+            policy,
+            "--max-new-tokens",
+            10,
+            "--device",
+            "cpu",
+            "--json",
+            tmp_path / f"{policy}.json",
+        )
         assert code == 0, err
         data = json.loads((tmp_path / f"{policy}.json").read_text())
         assert data["pair"]["target"] == str(t) and data["pair"]["dtype"] == "float32"
         assert data["pair"]["cpu_backend"] == ("transposed" if family == "t5" else "onednn")
         outs[policy] = data["results"][0]["token_ids"]
     assert outs["constant"] == outs["target"] == outs["threshold"] and len(outs["target"]) == 10
-    static = ["generate", "--pair", pair_file, "--prompt", "def f(x):", "--policy", "constant", "--max-new-tokens", 10,
-              "--device", "cpu", "--cache", "static", "--json", tmp_path / "static.json"]
+    static = [
+        "generate",
+        "--pair",
+        pair_file,
+        "--prompt",
+        "def f(x):",
+        "--policy",
+        "constant",
+        "--max-new-tokens",
+        10,
+        "--device",
+        "cpu",
+        "--cache",
+        "static",
+        "--json",
+        tmp_path / "static.json",
+    ]
     code, _, err = cli(capsys, *static)
     if family == "t5":
         assert code == 2 and "encoder-decoder, whose cache stays dynamic" in err
@@ -503,14 +620,28 @@ def test_cli_pair_option(family, tmp_path, capsys):
         data = json.loads((tmp_path / "static.json").read_text())
         assert data["pair"]["engine"]["cache"] == "static" and data["results"][0]["token_ids"] == outs["target"]
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "task": "t", "prompt": f"x = {i} +"}) + "\n"
-                               for i in range(3)))
-    code, _, err = cli(capsys, "collect", "--pair", pair_file, "--prompts", prompts, "--out", tmp_path / "tr",
-                       "--max-new-tokens", 8, "--device", "cpu")
+    prompts.write_text(
+        "".join(json.dumps({"id": f"p{i}", "task": "t", "prompt": f"x = {i} +"}) + "\n" for i in range(3))
+    )
+    code, _, err = cli(
+        capsys,
+        "collect",
+        "--pair",
+        pair_file,
+        "--prompts",
+        prompts,
+        "--out",
+        tmp_path / "tr",
+        "--max-new-tokens",
+        8,
+        "--device",
+        "cpu",
+    )
     assert code == 0, err
     manifest = json.loads((tmp_path / "tr" / "manifest.json").read_text())
     assert manifest["status"]["complete"] and manifest["pair"]["draft"] == str(d)
     # an explicit --draft wins over the file's
-    code, _, err = cli(capsys, "generate", "--pair", pair_file, "--draft", tmp_path / "nope", "--prompt", "x",
-                       "--device", "cpu")
+    code, _, err = cli(
+        capsys, "generate", "--pair", pair_file, "--draft", tmp_path / "nope", "--prompt", "x", "--device", "cpu"
+    )
     assert code == 2 and "nope" in err

@@ -46,12 +46,36 @@ def _module(path: Path):
 def probe_out(tmp_path_factory):
     """One tiny CPU run of the probe, in a fresh interpreter where the blocked packages cannot be imported."""
     out = tmp_path_factory.mktemp("probe")
-    blocker = (f"import sys, runpy\nfor m in {BLOCKED!r}: sys.modules[m] = None\n"
-               f"sys.argv = [{str(PROBE)!r}] + sys.argv[1:]\nrunpy.run_path({str(PROBE)!r}, run_name='__main__')\n")
-    args = ["--device", "cpu", "--tiny", "--out", str(out), "--shapes", str(ROOT / "configs/shapes/embedded-qwen2.5-coder.json"),
-            "--prompts", "1", "--max-new-tokens", "16", "--repeats", "2", "--warmup", "0", "--context", "24"]
-    run = subprocess.run([sys.executable, "-c", blocker, *args], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    blocker = (
+        f"import sys, runpy\nfor m in {BLOCKED!r}: sys.modules[m] = None\n"
+        f"sys.argv = [{str(PROBE)!r}] + sys.argv[1:]\nrunpy.run_path({str(PROBE)!r}, run_name='__main__')\n"
+    )
+    args = [
+        "--device",
+        "cpu",
+        "--tiny",
+        "--out",
+        str(out),
+        "--shapes",
+        str(ROOT / "configs/shapes/embedded-qwen2.5-coder.json"),
+        "--prompts",
+        "1",
+        "--max-new-tokens",
+        "16",
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--context",
+        "24",
+    ]
+    run = subprocess.run(
+        [sys.executable, "-c", blocker, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return out
 
@@ -63,27 +87,52 @@ def test_tiny_probe_is_lossless_on_every_cpu_path_and_writes_profiles(probe_out)
     assert set(summary["lossless"]) == set(CPU_PATHS)
     for path, verdicts in summary["lossless"].items():
         policies = {k.split("/", 1)[1] for k in verdicts if k.startswith("noise/")}
-        assert {"constant", "heuristic", "threshold", "adaedl", "svip", "oracle", "classifier-stub",
-                "classifier-stub-cost-adaptive"} <= policies, path
+        assert {
+            "constant",
+            "heuristic",
+            "threshold",
+            "adaedl",
+            "svip",
+            "oracle",
+            "classifier-stub",
+            "classifier-stub-cost-adaptive",
+        } <= policies, path
         assert all(v is True for v in verdicts.values()), (path, verdicts)
         phase = summary["paths"][path]["embedded-qwen2.5-coder"]
         assert phase["status"] == "ok"
         noise = phase["lossless_noise_pair"]
         # the check is not vacuous: some drafted tokens accepted, some rejected
-        assert 0 < sum(e["accepted"] for k, e in noise.items() if k != "target-only") \
+        assert (
+            0
+            < sum(e["accepted"] for k, e in noise.items() if k != "target-only")
             < sum(e["drafted"] for k, e in noise.items() if k != "target-only")
+        )
         cost = CostModel.load(probe_out / phase["profile"])  # what disco train --profile reads
         assert len(cost.c_t) == 21 and cost.c_d > 0
     # the classifier's runtime needs of the blocked packages are skipped and say why
     assert "lightgbm" in summary["skipped"]["classifier-shipped"]
     assert "scikit-learn" in summary["skipped"]["threshold-adaptive"]
-    assert summary["paths"]["static-padded"]["embedded-qwen2.5-coder"]["lossless_noise_pair"]["constant"]["padded_tokens"] > 0
+    assert (
+        summary["paths"]["static-padded"]["embedded-qwen2.5-coder"]["lossless_noise_pair"]["constant"]["padded_tokens"]
+        > 0
+    )
 
 
 def test_compiled_path_is_skipped_on_a_cpu_not_imitated(tmp_path):
     probe = _module(PROBE)
-    summary = probe.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--paths", "static-compiled",
-                          "--shapes", str(ROOT / "configs/shapes/llama-3.1-8b__llama-3.2-1b.json")])
+    summary = probe.main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--out",
+            str(tmp_path),
+            "--paths",
+            "static-compiled",
+            "--shapes",
+            str(ROOT / "configs/shapes/llama-3.1-8b__llama-3.2-1b.json"),
+        ]
+    )
     phase = summary["paths"]["static-compiled"]["llama-3.1-8b__llama-3.2-1b"]
     assert phase["status"].startswith("skipped: needs CUDA") and "profile" not in phase
     assert not list(tmp_path.glob("profile-*.json")) and "no captured profile" in summary["goals"]["status"]
@@ -120,8 +169,20 @@ def tiny_traces_and_artifact(tmp_path_factory):
 def test_gpu_simulate_gives_disco_simulators_numbers(probe_out, tiny_traces_and_artifact, tmp_path):
     traces, clf = tiny_traces_and_artifact
     sim = _module(SIMULATE)
-    report = sim.main(["--profiles", str(probe_out), "--traces", str(traces), "--classifier", str(clf),
-                       "--out", str(tmp_path / "table.md"), "--json", str(tmp_path / "sim.json")])
+    report = sim.main(
+        [
+            "--profiles",
+            str(probe_out),
+            "--traces",
+            str(traces),
+            "--classifier",
+            str(clf),
+            "--out",
+            str(tmp_path / "table.md"),
+            "--json",
+            str(tmp_path / "sim.json"),
+        ]
+    )
     assert set(report["results"]) == set(CPU_PATHS)
     artifact = load_artifact(clf)
     data = load_trace_data([traces])
@@ -135,8 +196,9 @@ def test_gpu_simulate_gives_disco_simulators_numbers(probe_out, tiny_traces_and_
         shipped = simulate(prompts, replay_policy("classifier", threshold=0.5, model=artifact), 20)
         assert result["rows"][sim.SHIPPED]["speedup"] == shipped.speedup(cost)
         k = int(result["rows"]["constant, k tuned"]["tuned_value"])
-        assert result["rows"]["constant, k tuned"]["speedup"] == simulate(prompts, replay_policy("constant", k=k),
-                                                                            20).speedup(cost)
+        assert result["rows"]["constant, k tuned"]["speedup"] == simulate(
+            prompts, replay_policy("constant", k=k), 20
+        ).speedup(cost)
     text = (tmp_path / "table.md").read_text()
     assert "| **shipped, as is** |" in text and "c_d / c_t(1)" in text and "static-padded" in text
     assert json.loads((tmp_path / "sim.json").read_text())["meta"]["prompts"] == 6

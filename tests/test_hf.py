@@ -47,8 +47,9 @@ def test_live_decisions_match_offline_predictions(setup):
     for i in range(6):
         ids = pair.encode(f"x = {i} + y *")
         ref = target_generate(pair.target, ids, DecodeConfig(max_new_tokens=24), pair.eos_token_ids)
-        res = speculative_generate(pair.target, pair.draft, ids, policy, DecodeConfig(max_new_tokens=24),
-                                   pair.eos_token_ids)
+        res = speculative_generate(
+            pair.target, pair.draft, ids, policy, DecodeConfig(max_new_tokens=24), pair.eos_token_ids
+        )
         assert res.tokens == ref.tokens
     X = np.stack([x for x, _ in policy.seen])
     offline = base.model.predict_proba(X) < base.setting
@@ -73,8 +74,7 @@ def test_drop_in_reproduces_greedy_generate(setup):
     for i in range(5):
         inputs = tok(f"print({i} +", return_tensors="pt")
         ref = pair.target.generate(**inputs, do_sample=False, max_new_tokens=14, pad_token_id=0)
-        out = pair.target.generate(**inputs, do_sample=False, max_new_tokens=14, pad_token_id=0,
-                                   custom_generate=custom)
+        out = pair.target.generate(**inputs, do_sample=False, max_new_tokens=14, pad_token_id=0, custom_generate=custom)
         assert out.tolist() == ref.tolist()
         assert custom.last_stats.drafted > 0 and custom.last_stats.new_tokens == 14
 

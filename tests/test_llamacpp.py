@@ -24,8 +24,14 @@ from disco.pair import load_pair
 from disco.policies import PolicySpec
 from disco.prompts import Prompt
 
-PROMPTS = ["def add(a, b):\n    return a + b\n", "Hello, world! The quick brown fox", "x = [1, 2, 3]\nfor i in x:",
-           "class Point:\n    def __init__(self", "SELECT name FROM users WHERE", "# sort a list\ndef sort(xs):"]
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n",
+    "Hello, world! The quick brown fox",
+    "x = [1, 2, 3]\nfor i in x:",
+    "class Point:\n    def __init__(self",
+    "SELECT name FROM users WHERE",
+    "# sort a list\ndef sort(xs):",
+]
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +133,14 @@ def test_a_new_session_retires_the_old_one(pair):
 
 @pytest.mark.parametrize("verify", ["exact", "fast"])
 def test_every_policy_is_lossless_against_llamacpp_target_only(pair, verify):
-    specs = [PolicySpec("constant", k=1), PolicySpec("constant", k=4), PolicySpec("heuristic"),
-             PolicySpec("threshold", threshold=0.4), PolicySpec("threshold", threshold=0.9, adaptive=True),
-             PolicySpec("oracle")]
+    specs = [
+        PolicySpec("constant", k=1),
+        PolicySpec("constant", k=4),
+        PolicySpec("heuristic"),
+        PolicySpec("threshold", threshold=0.4),
+        PolicySpec("threshold", threshold=0.9, adaptive=True),
+        PolicySpec("oracle"),
+    ]
     for engine in (pair.target, pair.draft):
         engine.verify = verify
     try:
@@ -150,8 +161,9 @@ def test_speculation_saves_target_calls(pair):
     from disco.policy import ConstantPolicy
 
     ids = _ids(pair, PROMPTS[0])
-    res = speculative_generate(pair.target, pair.draft, ids, ConstantPolicy(4), DecodeConfig(max_new_tokens=40),
-                               pair.eos_token_ids)
+    res = speculative_generate(
+        pair.target, pair.draft, ids, ConstantPolicy(4), DecodeConfig(max_new_tokens=40), pair.eos_token_ids
+    )
     assert res.stats.accepted > 0 and res.stats.target_forwards < res.stats.new_tokens
 
 
@@ -162,54 +174,115 @@ def test_collect_train_generate_on_llamacpp(files, tmp_path, capsys, monkeypatch
     t, d, _, folder, cache = files
     monkeypatch.setenv("DISCO_CACHE", str(cache))
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "task": ("code", "text")[i % 2], "prompt": p + str(i)}) + "\n"
-                               for i, p in enumerate(PROMPTS * 3)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "task": ("code", "text")[i % 2], "prompt": p + str(i)}) + "\n"
+            for i, p in enumerate(PROMPTS * 3)
+        )
+    )
     pair_args = ["--target", t, "--draft", d, "--threads", 1, "--no-chat"]
-    code, out, err = cli(capsys, "collect", "--prompts", prompts, "--out", tmp_path / "traces",
-                         "--max-new-tokens", 24, *pair_args)
+    code, out, err = cli(
+        capsys, "collect", "--prompts", prompts, "--out", tmp_path / "traces", "--max-new-tokens", 24, *pair_args
+    )
     assert code == 0, err
     manifest = json.loads((tmp_path / "traces" / "manifest.json").read_text())
     assert manifest["pair"]["engine"]["name"] == "llama.cpp" and manifest["status"]["complete"]
     assert manifest["versions"]["llama-cpp-python"]
 
-    code, out, err = cli(capsys, "profile", "--out", tmp_path / "profile.json", "--context", 16,
-                         "--repeats", 2, "--warmup", 1, *pair_args[:-1])
+    code, out, err = cli(
+        capsys,
+        "profile",
+        "--out",
+        tmp_path / "profile.json",
+        "--context",
+        16,
+        "--repeats",
+        2,
+        "--warmup",
+        1,
+        *pair_args[:-1],
+    )
     assert code == 0, err
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["pair"]["engine"]["name"] == "llama.cpp" and len(profile["c_t"]) == 21
 
-    code, out, err = cli(capsys, "train", "--traces", tmp_path / "traces", "--out", tmp_path / "clf",
-                         "--profile", tmp_path / "profile.json", "--model", "logistic")
+    code, out, err = cli(
+        capsys,
+        "train",
+        "--traces",
+        tmp_path / "traces",
+        "--out",
+        tmp_path / "clf",
+        "--profile",
+        tmp_path / "profile.json",
+        "--model",
+        "logistic",
+    )
     assert code == 0, err
     artifact = json.loads((tmp_path / "clf" / "manifest.json").read_text())
     assert artifact["pair"]["engine"]["name"] == "llama.cpp"
 
     outs = {}
     for policy in ("target", "classifier"):
-        code, out, err = cli(capsys, "generate", "--prompts", prompts, "--limit", 4, "--policy", policy,
-                             "--classifier", tmp_path / "clf", "--max-new-tokens", 20, "--json",
-                             tmp_path / f"{policy}.json", *pair_args)
+        code, out, err = cli(
+            capsys,
+            "generate",
+            "--prompts",
+            prompts,
+            "--limit",
+            4,
+            "--policy",
+            policy,
+            "--classifier",
+            tmp_path / "clf",
+            "--max-new-tokens",
+            20,
+            "--json",
+            tmp_path / f"{policy}.json",
+            *pair_args,
+        )
         assert code == 0, err
         assert "warning" not in err  # trained and run on the same engine
         outs[policy] = [r["token_ids"] for r in json.loads((tmp_path / f"{policy}.json").read_text())["results"]]
     assert outs["classifier"] == outs["target"]
 
     # the same artifact on the torch engine (transformers reads the same GGUF files): a warning, not a refusal
-    code, out, err = cli(capsys, "generate", "--prompt", PROMPTS[0], "--policy", "classifier", "--classifier",
-                         tmp_path / "clf", "--max-new-tokens", 8, "--target", t, "--draft", d,
-                         "--engine", "torch", "--device", "cpu", "--no-chat")
+    code, out, err = cli(
+        capsys,
+        "generate",
+        "--prompt",
+        PROMPTS[0],
+        "--policy",
+        "classifier",
+        "--classifier",
+        tmp_path / "clf",
+        "--max-new-tokens",
+        8,
+        "--target",
+        t,
+        "--draft",
+        d,
+        "--engine",
+        "torch",
+        "--device",
+        "cpu",
+        "--no-chat",
+    )
     assert code == 0, err
     assert "warning:" in err and "trained on llama.cpp" in err and "runs on torch" in err
 
 
 def test_compare_has_the_llamacpp_rows(pair, tmp_path):
     prompts = [Prompt(f"p{i}", "code", p) for i, p in enumerate(PROMPTS[:3])]
-    entries = default_entries(tuned_threshold=0.5, pair=pair, anchor_settings={"server_tuned": {"n_max": 4, "p_min": 0.5}})
+    entries = default_entries(
+        tuned_threshold=0.5, pair=pair, anchor_settings={"server_tuned": {"n_max": 4, "p_min": 0.5}}
+    )
     labels = [e.label for e in entries]
     assert SERVER_TARGET_LABEL in labels and "threshold 0.50 (tuned) (fast verify)" in labels
     assert sum(label.startswith(SERVER_LABEL) for label in labels) == 2
-    result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=16), tmp_path, chat=False,
-                         progress=False, plots=True)
+    result = run_compare(
+        pair, prompts, entries, DecodeConfig(max_new_tokens=16), tmp_path, chat=False, progress=False, plots=True
+    )
     summary = result["summary"]
     for label in labels:
         assert summary[label]["tokens_per_s"] > 0
@@ -319,8 +392,12 @@ def test_trace_hidden_states_and_signals_equal_the_live_loop_on_llamacpp(pair):
         assert ours["gen_pos"].tolist() == [r["gen_pos"] for r in policy.rows]
         if not policy.rows:
             continue
-        np.testing.assert_allclose(ours[list(FEATURES)].to_numpy(np.float64),
-                                   np.stack([r["features"] for r in policy.rows]), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            ours[list(FEATURES)].to_numpy(np.float64),
+            np.stack([r["features"] for r in policy.rows]),
+            rtol=1e-4,
+            atol=1e-5,
+        )
         stored = np.stack([np.frombuffer(b, np.float16) for b in ours[HIDDEN_COLUMN]]).astype(np.float32)
         live_h = np.stack([r["hidden"] for r in policy.rows])
         np.testing.assert_allclose(stored, live_h, rtol=2e-3, atol=2e-3 * np.abs(live_h).max())
@@ -336,8 +413,11 @@ def test_compare_sampled_on_llamacpp_with_server_rows(pair, tmp_path):
     assert fields["samplers"] == ["temperature", "top_p"] and fields["top_k"] == 0 and fields["seed"] == 3
     assert sampler_fields(0.0, 0.95, 3) == GREEDY_FIELDS
     prompts = [Prompt("p0", "code", PROMPTS[0])]
-    entries = [e for e in default_entries(tuned_threshold=0.5, pair=pair, sampling=True)
-               if e.label in ("threshold 0.4", SERVER_TARGET_LABEL) or e.label.startswith(SERVER_LABEL + " (defaults")]
+    entries = [
+        e
+        for e in default_entries(tuned_threshold=0.5, pair=pair, sampling=True)
+        if e.label in ("threshold 0.4", SERVER_TARGET_LABEL) or e.label.startswith(SERVER_LABEL + " (defaults")
+    ]
     assert len(entries) == 3
     config = DecodeConfig(max_new_tokens=12, temperature=0.7, top_p=0.95)
     result = run_compare(pair, prompts, entries, config, tmp_path, chat=False, progress=False, plots=False, seeds=2)

@@ -46,11 +46,32 @@ def world(tmp_path_factory):
     tok = char_tokenizer()
     t, d = save_tiny(target, tok, root / "target"), save_tiny(draft, tok, root / "draft")
     prompts = root / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "task": ["code", "write"][i % 2], "prompt": f"def f{i}(x):"})
-                               + "\n" for i in range(6)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "task": ["code", "write"][i % 2], "prompt": f"def f{i}(x):"}) + "\n"
+            for i in range(6)
+        )
+    )
     traces = root / "traces"
-    code, _, err = _run(["collect", "--target", t, "--draft", d, "--prompts", prompts, "--out", traces,
-                         "--max-new-tokens", 12, "--device", "cpu", "--shard-prompts", 2])
+    code, _, err = _run(
+        [
+            "collect",
+            "--target",
+            t,
+            "--draft",
+            d,
+            "--prompts",
+            prompts,
+            "--out",
+            traces,
+            "--max-new-tokens",
+            12,
+            "--device",
+            "cpu",
+            "--shard-prompts",
+            2,
+        ]
+    )
     assert code == 0, err
     model = root / "model"
     code, _, err = _run(["train", "--traces", traces, "--out", model, "--model", "logistic", "--no-head"])
@@ -96,19 +117,33 @@ def pair_args(world) -> list:
 
 # --- 1. train never destroys a trace folder; --out is checked before any work ---------------------------
 
+
 def test_train_out_into_traces_is_refused_and_the_traces_stay(world, tmp_path, capsys):
     tr = copy(world, "traces", tmp_path)
     before = digest(tr)
     code, _, err = cli(capsys, "train", "--traces", tr, "--out", tr, "--model", "logistic")
     assert code == 2
-    assert one_error_line(err) == (f"error: --out {tr} and --traces {tr} overlap: writing the artifact there would "
-                                   "replace the traces; choose another --out, e.g. models/NAME")
+    assert one_error_line(err) == (
+        f"error: --out {tr} and --traces {tr} overlap: writing the artifact there would "
+        "replace the traces; choose another --out, e.g. models/NAME"
+    )
     code, _, err = cli(capsys, "train", "--traces", world["traces"], "--out", tr, "--overwrite")
     assert code == 2 and "holds traces (disco collect)" in one_error_line(err)
     assert digest(tr) == before
     # ... and the next collect still resumes into it (nothing to redo)
-    code, _, err = cli(capsys, "collect", *pair_args(world), "--prompts", world["prompts"], "--out", tr,
-                       "--max-new-tokens", 12, "--shard-prompts", 2)
+    code, _, err = cli(
+        capsys,
+        "collect",
+        *pair_args(world),
+        "--prompts",
+        world["prompts"],
+        "--out",
+        tr,
+        "--max-new-tokens",
+        12,
+        "--shard-prompts",
+        2,
+    )
     assert code == 0 and "traced 0 prompts (6 already done)" in err
     assert digest(tr) == before
 
@@ -118,11 +153,13 @@ def test_train_out_non_empty_needs_overwrite_which_replaces_it_whole(world, tmp_
     before = digest(m)
     code, _, err = cli(capsys, "train", "--traces", world["traces"], "--out", m, "--model", "lightgbm")
     assert code == 2
-    assert one_error_line(err) == (f"error: --out {m} is not empty: choose another --out, or pass --overwrite to "
-                                   "replace it whole")
+    assert one_error_line(err) == (
+        f"error: --out {m} is not empty: choose another --out, or pass --overwrite to replace it whole"
+    )
     assert digest(m) == before
-    code, _, err = cli(capsys, "train", "--traces", world["traces"], "--out", m, "--model", "lightgbm", "--no-head",
-                       "--overwrite")
+    code, _, err = cli(
+        capsys, "train", "--traces", world["traces"], "--out", m, "--model", "lightgbm", "--no-head", "--overwrite"
+    )
     assert code == 0, err
     assert sorted(p.name for p in m.iterdir()) == ["manifest.json", "metrics.md", "model.txt"]  # no stale model.json
     assert load_artifact(m).kind == "lightgbm"
@@ -133,12 +170,15 @@ def test_collect_refuses_an_artifact_folder_even_with_overwrite(world, tmp_path,
     before = digest(m)
     code, _, err = cli(capsys, "collect", *pair_args(world), "--prompts", world["prompts"], "--out", m, "--overwrite")
     assert code == 2
-    assert one_error_line(err) == (f"error: --out {m} holds a manifest.json that is not a trace's (a classifier "
-                                   "artifact?): choose another --out for the traces")
+    assert one_error_line(err) == (
+        f"error: --out {m} holds a manifest.json that is not a trace's (a classifier "
+        "artifact?): choose another --out for the traces"
+    )
     assert digest(m) == before
 
 
 # --- 2. a set-aside shard is never read, and goes once its prompts are traced again ------------------------
+
 
 def test_set_aside_shard_is_not_read_and_disappears_after_the_next_collect(world, tmp_path, capsys):
     tr = copy(world, "traces", tmp_path)
@@ -157,8 +197,19 @@ def test_set_aside_shard_is_not_read_and_disappears_after_the_next_collect(world
     assert code == 0, err
 
     # The next collect traces its prompts again and removes it: the rows are those of the whole run.
-    code, _, err = cli(capsys, "collect", *pair_args(world), "--prompts", world["prompts"], "--out", tr,
-                       "--max-new-tokens", 12, "--shard-prompts", 2)
+    code, _, err = cli(
+        capsys,
+        "collect",
+        *pair_args(world),
+        "--prompts",
+        world["prompts"],
+        "--out",
+        tr,
+        "--max-new-tokens",
+        12,
+        "--shard-prompts",
+        2,
+    )
     assert code == 0 and "traced 2 prompts (4 already done)" in err, err
     assert not aside.exists() and not list((tr / "data").glob(".*"))
     pd.testing.assert_frame_equal(read_trace_rows(tr), whole)
@@ -169,13 +220,24 @@ def test_set_aside_shard_is_not_read_and_disappears_after_the_next_collect(world
 def test_overwrite_removes_a_set_aside_shard(world, tmp_path, capsys):
     tr = copy(world, "traces", tmp_path)
     (tr / "data" / ".damaged-part-r000-000007.parquet").write_bytes(b"PAR1 torn")
-    code, _, err = cli(capsys, "collect", *pair_args(world), "--prompts", world["prompts"], "--out", tr,
-                       "--max-new-tokens", 8, "--overwrite")
+    code, _, err = cli(
+        capsys,
+        "collect",
+        *pair_args(world),
+        "--prompts",
+        world["prompts"],
+        "--out",
+        tr,
+        "--max-new-tokens",
+        8,
+        "--overwrite",
+    )
     assert code == 0, err
     assert not list((tr / "data").glob(".damaged-*")) and len(read_trace_rows(tr)) == 6 * 8
 
 
 # --- 3. one writer per trace folder; duplicates refused by every reader ------------------------------
+
 
 def test_collect_into_a_locked_folder_says_busy(pair32, tmp_path):  # noqa: F811
     out = tmp_path / "t"
@@ -183,7 +245,9 @@ def test_collect_into_a_locked_folder_says_busy(pair32, tmp_path):  # noqa: F811
         with pytest.raises(DiscoError) as e:
             collect(pair32, make_prompts(2), out, CONFIG, progress=False)
     assert str(e.value).startswith(f"--out {out} is busy: another disco collect (pid {os.getpid()} on ")
-    assert str(e.value).endswith("is writing into it; wait for it to end (then rerun to resume), or choose another --out")
+    assert str(e.value).endswith(
+        "is writing into it; wait for it to end (then rerun to resume), or choose another --out"
+    )
     assert not (out / "data").exists() or not list((out / "data").iterdir())
     assert collect(pair32, make_prompts(2), out, CONFIG, progress=False).prompts_traced == 2  # free again
 
@@ -209,22 +273,44 @@ def test_two_collects_into_one_folder_at_once(world, tmp_path):
     out = tmp_path / "t"
 
     def args(shard_prompts: int) -> list[str]:
-        return ["collect", "--target", str(world["target"]), "--draft", str(world["draft"]), "--prompts",
-                str(world["prompts"]), "--out", str(out), "--max-new-tokens", "12", "--device", "cpu",
-                "--shard-prompts", str(shard_prompts)]
+        return [
+            "collect",
+            "--target",
+            str(world["target"]),
+            "--draft",
+            str(world["draft"]),
+            "--prompts",
+            str(world["prompts"]),
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "12",
+            "--device",
+            "cpu",
+            "--shard-prompts",
+            str(shard_prompts),
+        ]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    first = subprocess.Popen([sys.executable, "-c", SLOW_COLLECT, *args(1)], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-c", SLOW_COLLECT, *args(1)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list((out / "data").glob("part-*.parquet")):
         time.sleep(0.1)
-    second = subprocess.run([sys.executable, "cli.py", *args(4)], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=120)
+    second = subprocess.run(
+        [sys.executable, "cli.py", *args(4)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
     assert second.returncode == 2, second.stderr[-2000:]
-    assert one_error_line(second.stderr).startswith(f"error: --out {out} is busy: another disco collect "
-                                                    f"(pid {first.pid} on ")
+    assert one_error_line(second.stderr).startswith(
+        f"error: --out {out} is busy: another disco collect (pid {first.pid} on "
+    )
     df = read_trace_rows(out)
     assert len(df) == 6 * 12 and not df.duplicated(["prompt_id", "gen_pos"]).any()
 
@@ -235,13 +321,26 @@ def test_a_prompt_in_two_shards_is_refused_by_train_and_collect(world, tmp_path,
     dup = tr / "data" / "part-r000-000009.parquet"
     shutil.copy(shards[0], dup)  # what two collects at once left behind
     before = digest(tr)
-    expected = (f"error: {tr}: prompt 'p0' is in 2 shards ({shards[0].name}, {dup.name}), as when two disco collect "
-                f"ran into one folder at once: delete {dup} and rerun the same disco collect (it traces that shard's "
-                "other prompts again)")
+    expected = (
+        f"error: {tr}: prompt 'p0' is in 2 shards ({shards[0].name}, {dup.name}), as when two disco collect "
+        f"ran into one folder at once: delete {dup} and rerun the same disco collect (it traces that shard's "
+        "other prompts again)"
+    )
     code, _, err = cli(capsys, "train", "--traces", tr, "--out", tmp_path / "m", "--model", "logistic")
     assert code == 2 and one_error_line(err) == expected
-    code, _, err = cli(capsys, "collect", *pair_args(world), "--prompts", world["prompts"], "--out", tr,
-                       "--max-new-tokens", 12, "--shard-prompts", 2)
+    code, _, err = cli(
+        capsys,
+        "collect",
+        *pair_args(world),
+        "--prompts",
+        world["prompts"],
+        "--out",
+        tr,
+        "--max-new-tokens",
+        12,
+        "--shard-prompts",
+        2,
+    )
     assert code == 2 and one_error_line(err) == expected.replace(f"{tr}: prompt", f"{tr}: prompt")
     assert digest(tr) == before
     with pytest.raises(DiscoError, match="prompt 'p0' is in 2 shards"):
@@ -253,16 +352,27 @@ def test_a_prompt_in_two_shards_is_refused_by_train_and_collect(world, tmp_path,
 
 # --- 4. compare --policies selecting nothing that can run -----------------------------------------------
 
-@pytest.mark.parametrize("more, why", [
-    (["--policies", "classifier"], "classifier needs --classifier models/NAME"),
-    (["--policies", "transformers", "--no-anchor"], "transformers is an anchor, which --no-anchor leaves out"),
-    (["--policies", "oracle", "--temperature", "0.7"], "oracle is defined for greedy decoding only (--temperature 0)"),
-])
+
+@pytest.mark.parametrize(
+    "more, why",
+    [
+        (["--policies", "classifier"], "classifier needs --classifier models/NAME"),
+        (["--policies", "transformers", "--no-anchor"], "transformers is an anchor, which --no-anchor leaves out"),
+        (
+            ["--policies", "oracle", "--temperature", "0.7"],
+            "oracle is defined for greedy decoding only (--temperature 0)",
+        ),
+    ],
+)
 def test_compare_policies_without_a_runnable_row(world, tmp_path, capsys, more, why):
-    code, _, err = cli(capsys, "compare", *pair_args(world), "--prompts", world["prompts"], "--out", tmp_path / "c", *more)
+    code, _, err = cli(
+        capsys, "compare", *pair_args(world), "--prompts", world["prompts"], "--out", tmp_path / "c", *more
+    )
     assert code == 2
-    assert one_error_line(err) == (f"error: --policies {more[1]} selects no row to run beside target-only ({why}): "
-                                   "choose other rows, or drop --policies for all of them")
+    assert one_error_line(err) == (
+        f"error: --policies {more[1]} selects no row to run beside target-only ({why}): "
+        "choose other rows, or drop --policies for all of them"
+    )
     assert "loading the pair" not in err and not (tmp_path / "c").exists()
 
 
@@ -279,7 +389,9 @@ def mount(tmp_path):
     def make(readonly: bool = False, leave: int | None = None) -> Path:
         path = tmp_path / f"mnt{len(made)}"
         path.mkdir()
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True).returncode:
+        if subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True
+        ).returncode:
             pytest.skip("mount -t tmpfs is not allowed here")
         made.append(path)
         if leave is not None:
@@ -305,15 +417,18 @@ def test_read_only_outputs_fail_before_any_work(world, mount, capsys):
     for args, flag, path in cases:
         code, _, err = cli(capsys, *args)
         assert code == 2
-        assert one_error_line(err) == (f"error: {flag} {path} cannot be written: the file system is read-only ({ro}): "
-                                       f"choose another {flag}")
+        assert one_error_line(err) == (
+            f"error: {flag} {path} cannot be written: the file system is read-only ({ro}): choose another {flag}"
+        )
         assert "loading the pair" not in err
 
 
 @needs_root
 def test_a_full_disk_keeps_what_was_finished(world, mount, capsys):
     full = mount(leave=3000)  # room for the early checks, not for an artifact
-    code, _, err = cli(capsys, "train", "--traces", world["traces"], "--out", full / "m", "--model", "logistic", "--no-head")
+    code, _, err = cli(
+        capsys, "train", "--traces", world["traces"], "--out", full / "m", "--model", "logistic", "--no-head"
+    )
     assert code == 2
     line = one_error_line(err)
     assert line.startswith(f"error: could not write {full / 'm'}") and ": no space left on the device; " in line
@@ -323,8 +438,19 @@ def test_a_full_disk_keeps_what_was_finished(world, mount, capsys):
 
     full = mount(leave=40_000)  # a few shards' worth
     out = full / "t"
-    code, _, err = cli(capsys, "collect", *pair_args(world), "--prompts", world["prompts"], "--out", out,
-                       "--max-new-tokens", 12, "--shard-prompts", 1)
+    code, _, err = cli(
+        capsys,
+        "collect",
+        *pair_args(world),
+        "--prompts",
+        world["prompts"],
+        "--out",
+        out,
+        "--max-new-tokens",
+        12,
+        "--shard-prompts",
+        1,
+    )
     assert code == 2
     line = one_error_line(err)
     assert line.startswith(f"error: could not write {out}") and "no space left on the device" in line
@@ -342,22 +468,30 @@ def test_write_or_rescue_saves_the_result_elsewhere(tmp_path):
     with pytest.raises(DiscoError) as e:
         write_or_rescue(tmp_path / "o.json", write, "results file")
     msg = str(e.value)
-    assert msg.startswith(f"could not write {tmp_path / 'o.json'}: no space left on the device; the finished results file "
-                          "is saved in ")
+    assert msg.startswith(
+        f"could not write {tmp_path / 'o.json'}: no space left on the device; the finished results file is saved in "
+    )
     assert Path(msg.split("saved in ", 1)[1].split(" instead")[0]).read_text() == "finished"
 
 
 def test_outputs_of_the_wrong_kind(world, tmp_path, capsys):
     code, _, err = cli(capsys, "generate", *pair_args(world), "--prompt", "x", "--json", tmp_path)
-    assert code == 2 and one_error_line(err) == (f"error: --json {tmp_path} is a folder: give a file name, e.g. "
-                                                 f"{tmp_path / 'out.json'}")
+    assert code == 2 and one_error_line(err) == (
+        f"error: --json {tmp_path} is a folder: give a file name, e.g. {tmp_path / 'out.json'}"
+    )
     code, _, err = cli(capsys, "collect", *pair_args(world), "--prompts", world["prompts"], "--out", world["prompts"])
-    assert code == 2 and one_error_line(err) == f"error: --out {world['prompts']} is a file: give a folder for the trace"
+    assert (
+        code == 2 and one_error_line(err) == f"error: --out {world['prompts']} is a file: give a folder for the trace"
+    )
     code, _, err = cli(capsys, "compare", *pair_args(world), "--prompts", world["prompts"], "--out", world["prompts"])
-    assert code == 2 and one_error_line(err) == f"error: --out {world['prompts']} is a file: give a folder for the comparison"
+    assert (
+        code == 2
+        and one_error_line(err) == f"error: --out {world['prompts']} is a file: give a folder for the comparison"
+    )
 
 
 # --- 6. train on too few prompts ---------------------------------------------------------------------------
+
 
 def test_train_on_two_prompts_says_how_many_it_needs(world, tmp_path, capsys):
     tr = copy(world, "traces", tmp_path)
@@ -367,13 +501,16 @@ def test_train_on_two_prompts_says_how_many_it_needs(world, tmp_path, capsys):
     df[df["prompt_id"].isin(["p0", "p1"])].to_parquet(tr / "data" / "part-r000-000000.parquet", index=False)
     code, _, err = cli(capsys, "train", "--traces", tr, "--out", tmp_path / "m", "--model", "logistic")
     assert code == 2
-    assert one_error_line(err) == ("error: the traces hold too few prompts to split by prompt (1 of task code, 1 of "
-                                   "task write): training needs at least 2 prompts of one task with drafted tokens (one "
-                                   "to fit, one to validate), and more for useful metrics: collect more prompts")
+    assert one_error_line(err) == (
+        "error: the traces hold too few prompts to split by prompt (1 of task code, 1 of "
+        "task write): training needs at least 2 prompts of one task with drafted tokens (one "
+        "to fit, one to validate), and more for useful metrics: collect more prompts"
+    )
     assert not (tmp_path / "m").exists()
 
 
 # --- 7. artifacts checked whole ----------------------------------------------------------------------------
+
 
 def _edited(world, tmp_path, edit) -> Path:
     m = copy(world, "model", tmp_path)
@@ -383,26 +520,35 @@ def _edited(world, tmp_path, edit) -> Path:
     return m
 
 
-@pytest.mark.parametrize("edit", [
-    lambda m: m.update(columns=m["columns"][::-1]),  # reversed: ran silently with other decisions
-    lambda m: m.update(columns=m["columns"][:-1]),  # one dropped: a traceback at the first prediction
-    lambda m: m.update(threshold=0.01),
-    lambda m: m.update(calibration={"a": 4.0, "b": 1.0}),
-    lambda m: m.update(cost_model={"c_d": 0.0, "c_t": [1.0] * 22}),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.update(columns=m["columns"][::-1]),  # reversed: ran silently with other decisions
+        lambda m: m.update(columns=m["columns"][:-1]),  # one dropped: a traceback at the first prediction
+        lambda m: m.update(threshold=0.01),
+        lambda m: m.update(calibration={"a": 4.0, "b": 1.0}),
+        lambda m: m.update(cost_model={"c_d": 0.0, "c_t": [1.0] * 22}),
+    ],
+)
 def test_an_edited_manifest_is_refused_like_an_edited_model(world, tmp_path, capsys, edit):
     m = _edited(world, tmp_path, edit)
-    code, _, err = cli(capsys, "generate", *pair_args(world), "--prompt", "x", "--policy", "classifier", "--classifier", m)
+    code, _, err = cli(
+        capsys, "generate", *pair_args(world), "--prompt", "x", "--policy", "classifier", "--classifier", m
+    )
     assert code == 2
-    assert one_error_line(err) == (f"error: {m / 'manifest.json'} does not match the sha256 in its manifest: the "
-                                   "artifact was modified after training; retrain it or restore the original files")
+    assert one_error_line(err) == (
+        f"error: {m / 'manifest.json'} does not match the sha256 in its manifest: the "
+        "artifact was modified after training; retrain it or restore the original files"
+    )
     assert "loading the pair" not in err
     model = m / "model.json"
     model.write_text(model.read_text().replace("0.", "0.1", 1))
     with pytest.raises(DiscoError) as e:
         load_artifact(m)
-    assert str(e.value) == (f"{model} does not match the sha256 in its manifest: the artifact was modified after "
-                            "training; retrain it or restore the original files")
+    assert str(e.value) == (
+        f"{model} does not match the sha256 in its manifest: the artifact was modified after "
+        "training; retrain it or restore the original files"
+    )
 
 
 def test_columns_must_match_the_model_width(world, tmp_path):
@@ -411,8 +557,10 @@ def test_columns_must_match_the_model_width(world, tmp_path):
     n = len(json.loads((world["model"] / "manifest.json").read_text())["columns"])
     with pytest.raises(DiscoError) as e:
         load_artifact(m)
-    assert str(e.value) == (f"{m / 'manifest.json'}: its {n - 1} columns do not match the model's {n} inputs: the "
-                            "artifact is inconsistent; retrain it or restore the original files")
+    assert str(e.value) == (
+        f"{m / 'manifest.json'}: its {n - 1} columns do not match the model's {n} inputs: the "
+        "artifact is inconsistent; retrain it or restore the original files"
+    )
 
 
 def test_lightgbm_columns_reordered_are_refused(world, tmp_path, capsys):
@@ -423,7 +571,9 @@ def test_lightgbm_columns_reordered_are_refused(world, tmp_path, capsys):
     manifest["columns"] = manifest["columns"][::-1]
     (m / "manifest.json").write_text(json.dumps(manifest))
     rehash_artifact(m)  # even re-hashed on purpose: the model file names its inputs
-    with pytest.raises(DiscoError, match=r"columns do not match the model's \d+ inputs \(.*\): the artifact is inconsistent"):
+    with pytest.raises(
+        DiscoError, match=r"columns do not match the model's \d+ inputs \(.*\): the artifact is inconsistent"
+    ):
         load_artifact(m)
 
 
@@ -437,35 +587,60 @@ def test_every_shipped_artifact_loads():
 
 # --- 8. options that do not apply are refused, in both directions ----------------------------------------
 
+
 def test_options_of_the_other_engine_or_of_sampling_are_refused(world, capsys, tmp_path):
     from tiny_gguf import write_tiny_gguf
 
     base = ["generate", *pair_args(world), "--prompt", "x"]
     for more, line in [
-        (["--verify", "fast"], "--verify fast applies to the llama.cpp engine only, and this run uses torch: drop "
-                               "--verify, or add --engine llama.cpp with GGUF files"),
-        (["--draft-quant", "q8_0"], "--draft-quant q8_0 applies to the llama.cpp engine only, and this run uses torch: "
-                                    "drop --draft-quant, or add --engine llama.cpp with GGUF files"),
-        (["--top-p", "0.9"], "--top-p 0.9 applies to sampling only and this run decodes greedily: drop --top-p, or add "
-                             "--temperature above 0"),
+        (
+            ["--verify", "fast"],
+            "--verify fast applies to the llama.cpp engine only, and this run uses torch: drop "
+            "--verify, or add --engine llama.cpp with GGUF files",
+        ),
+        (
+            ["--draft-quant", "q8_0"],
+            "--draft-quant q8_0 applies to the llama.cpp engine only, and this run uses torch: "
+            "drop --draft-quant, or add --engine llama.cpp with GGUF files",
+        ),
+        (
+            ["--top-p", "0.9"],
+            "--top-p 0.9 applies to sampling only and this run decodes greedily: drop --top-p, or add "
+            "--temperature above 0",
+        ),
     ]:
         code, _, err = cli(capsys, *base, *more)
         assert code == 2 and one_error_line(err) == f"error: {line}" and "loading the pair" not in err
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     g = write_tiny_gguf(target, char_tokenizer(), tmp_path / "t.gguf")
     code, _, err = cli(capsys, "generate", "--target", g, "--draft", g, "--prompt", "x", "--cache", "static")
-    assert code == 2 and one_error_line(err) == ("error: --cache static applies to the torch engine only, and this run "
-                                                 "uses llama.cpp: drop --cache, or add --engine torch")
+    assert code == 2 and one_error_line(err) == (
+        "error: --cache static applies to the torch engine only, and this run "
+        "uses llama.cpp: drop --cache, or add --engine torch"
+    )
 
 
 # --- 9. the smaller ones ---------------------------------------------------------------------------------
+
 
 def test_compare_overwrite_replaces_the_old_folder_whole(world, tmp_path, capsys):
     out = tmp_path / "c"
     out.mkdir()
     (out / "old-plot.png").write_bytes(b"a plot of an older run")
-    args = ["compare", *pair_args(world), "--prompts", world["prompts"], "--limit", 1, "--max-new-tokens", 6,
-            "--policies", "constant", "--out", out]
+    args = [
+        "compare",
+        *pair_args(world),
+        "--prompts",
+        world["prompts"],
+        "--limit",
+        1,
+        "--max-new-tokens",
+        6,
+        "--policies",
+        "constant",
+        "--out",
+        out,
+    ]
     code, _, err = cli(capsys, *args)
     assert code == 2 and "is not empty" in one_error_line(err)
     old = os.umask(0o022)
@@ -481,8 +656,9 @@ def test_compare_overwrite_replaces_the_old_folder_whole(world, tmp_path, capsys
 def test_outputs_keep_the_umask_mode(world, tmp_path, capsys):
     old = os.umask(0o002)
     try:
-        code, _, err = cli(capsys, "generate", *pair_args(world), "--prompt", "x", "--max-new-tokens", 4,
-                           "--json", tmp_path / "o.json")
+        code, _, err = cli(
+            capsys, "generate", *pair_args(world), "--prompt", "x", "--max-new-tokens", 4, "--json", tmp_path / "o.json"
+        )
     finally:
         os.umask(old)
     assert code == 0, err
@@ -493,23 +669,42 @@ def test_outputs_keep_the_umask_mode(world, tmp_path, capsys):
 def test_smaller_input_errors_are_named(world, tmp_path, capsys):
     base = ["generate", *pair_args(world)]
     code, _, err = cli(capsys, *base, "--prompts", tmp_path)
-    assert code == 2 and one_error_line(err) == (f"error: --prompts {tmp_path} is a folder: give a JSONL file in it "
-                                                 "(one {id, task, prompt} per line)")
+    assert code == 2 and one_error_line(err) == (
+        f"error: --prompts {tmp_path} is a folder: give a JSONL file in it (one {{id, task, prompt}} per line)"
+    )
     blank = tmp_path / "b.jsonl"
     blank.write_text('{"id": "a", "prompt": "x"}\n{"id": "blank-7", "prompt": "  \\t"}\n')
     for command in ("generate", "compare"):
-        args = [command, *pair_args(world), "--prompts", blank] + (["--out", tmp_path / "c"] if command == "compare" else [])
+        args = [command, *pair_args(world), "--prompts", blank] + (
+            ["--out", tmp_path / "c"] if command == "compare" else []
+        )
         code, _, err = cli(capsys, *args)
-        assert code == 2 and one_error_line(err) == (f"error: {blank}:2: prompt 'blank-7' is empty (only whitespace): "
-                                                     "give it some text or drop the line")
+        assert code == 2 and one_error_line(err) == (
+            f"error: {blank}:2: prompt 'blank-7' is empty (only whitespace): give it some text or drop the line"
+        )
     # ranges before the models load: the model paths do not even exist
-    for more, line in [(["--threshold", "1.5"], "--threshold must be within [0, 1] (got 1.5)"),
-                       (["--policy", "constant", "--k", "0"], "--k must be at least 1 (got 0)")]:
-        code, _, err = cli(capsys, "generate", "--target", tmp_path / "no-t", "--draft", tmp_path / "no-d", "--prompt",
-                           "x", *more)
+    for more, line in [
+        (["--threshold", "1.5"], "--threshold must be within [0, 1] (got 1.5)"),
+        (["--policy", "constant", "--k", "0"], "--k must be at least 1 (got 0)"),
+    ]:
+        code, _, err = cli(
+            capsys, "generate", "--target", tmp_path / "no-t", "--draft", tmp_path / "no-d", "--prompt", "x", *more
+        )
         assert code == 2 and one_error_line(err) == f"error: {line}"
-    code, _, err = cli(capsys, "collect", "--target", tmp_path / "no-t", "--draft", tmp_path / "no-d", "--prompts",
-                       world["prompts"], "--out", tmp_path / "t", "--shard-prompts", 0)
+    code, _, err = cli(
+        capsys,
+        "collect",
+        "--target",
+        tmp_path / "no-t",
+        "--draft",
+        tmp_path / "no-d",
+        "--prompts",
+        world["prompts"],
+        "--out",
+        tmp_path / "t",
+        "--shard-prompts",
+        0,
+    )
     assert code == 2 and one_error_line(err) == "error: --shard-prompts must be at least 1 (got 0)"
 
 

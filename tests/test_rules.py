@@ -33,6 +33,7 @@ def step_with_entropy(probs: list[float], pos: int = 1) -> DraftStep:
 
 # --- AdaEDL and SVIP: hand-computed ----------------------------------------------------------------
 
+
 def test_svip_stops_when_sqrt_c_entropy_exceeds_h():
     # H(0.5, 0.5) = ln 2 = 0.693 nats: sqrt(0.15 * 0.693) = 0.322 > 0.3 -> stop
     # H(0.9, 0.1) = 0.325 nats: sqrt(0.15 * 0.325) = 0.221 <= 0.3 -> go on
@@ -69,8 +70,16 @@ def test_adaedl_bound_and_lambda_update():
     assert fixed.lam == 0.7
 
 
-@pytest.mark.parametrize("name, kw", [("adaedl", {}), ("adaedl", dict(lam=0.5)), ("adaedl", dict(lam=0.8, lam_adaptive=False)),
-                                      ("svip", {}), ("svip", dict(h=0.45))])
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("adaedl", {}),
+        ("adaedl", dict(lam=0.5)),
+        ("adaedl", dict(lam=0.8, lam_adaptive=False)),
+        ("svip", {}),
+        ("svip", dict(h=0.45)),
+    ],
+)
 def test_adaedl_and_svip_simulate_exactly_and_losslessly(name, kw):
     """Position stubs: teacher-forced features equal the live ones, so the counts must agree exactly."""
     target, draft = _stub_pair()
@@ -81,8 +90,9 @@ def test_adaedl_and_svip_simulate_exactly_and_losslessly(name, kw):
         df = collected_trace(target, draft, prompt, max_new, table, f"p{i}", max_window=6)
         sim = simulate(prompt_traces(df, max_new), replay_policy(name, max_window=6, **kw), 6)
         y = df["target_token"].tolist()
-        real = speculative_generate(target, draft, prompt, make_policy(name, max_window=6, **kw),
-                                    DecodeConfig(max_new, 6))
+        real = speculative_generate(
+            target, draft, prompt, make_policy(name, max_window=6, **kw), DecodeConfig(max_new, 6)
+        )
         assert real.tokens == y
         assert counts(sim.stats[0]) == counts(real.stats)
         stopped_early += sum(w < 6 for w in real.stats.windows[:-1])
@@ -122,11 +132,18 @@ def test_cost_rule_by_hand():
     assert not ClassifierPolicy(ProbModel(lambda f: 1.0), 1.0, rule="cost", cost=dear).drafts()
 
 
-@pytest.mark.parametrize("rule, setting, cost", [("cumulative", 0.6, COST), ("cumulative", 0.3, COST),
-                                                  ("cost", 1.0, COST), ("cost", 1.6, COST),
-                                                  ("cost-adaptive", 1.0, CostModel(0.3, tuple(1.0 + 0.3 * k for k in range(9)))),
-                                                  ("cost-adaptive", 1.0, CostModel(0.5, tuple(1.0 + 0.9 * k for k in range(9)))),
-                                                  ("cost", 1.0, CostModel(0.5, tuple(1.0 + 0.9 * k for k in range(9))))])
+@pytest.mark.parametrize(
+    "rule, setting, cost",
+    [
+        ("cumulative", 0.6, COST),
+        ("cumulative", 0.3, COST),
+        ("cost", 1.0, COST),
+        ("cost", 1.6, COST),
+        ("cost-adaptive", 1.0, CostModel(0.3, tuple(1.0 + 0.3 * k for k in range(9)))),
+        ("cost-adaptive", 1.0, CostModel(0.5, tuple(1.0 + 0.9 * k for k in range(9)))),
+        ("cost", 1.0, CostModel(0.5, tuple(1.0 + 0.9 * k for k in range(9)))),
+    ],
+)
 def test_classifier_rules_simulate_exactly_and_losslessly(rule, setting, cost):
     target, draft = _stub_pair()
     table = torch.zeros(V, dtype=torch.long)
@@ -135,8 +152,11 @@ def test_classifier_rules_simulate_exactly_and_losslessly(rule, setting, cost):
     for i, prompt in enumerate([[i % V] * (1 + i % 3) for i in range(5)]):
         max_new = 12 + 5 * i
         df = collected_trace(target, draft, prompt, max_new, table, f"p{i}", max_window=6)
-        sim = simulate(prompt_traces(df, max_new), replay_policy("classifier", threshold=setting, model=model,
-                                                                  rule=rule, cost=cost), 6)
+        sim = simulate(
+            prompt_traces(df, max_new),
+            replay_policy("classifier", threshold=setting, model=model, rule=rule, cost=cost),
+            6,
+        )
         live = ClassifierPolicy(model, setting, table, rule, cost)
         real = speculative_generate(target, draft, prompt, live, DecodeConfig(max_new, 6))
         assert real.tokens == df["target_token"].tolist()
@@ -194,22 +214,38 @@ def _head(hidden_dim: int = 4) -> DenseModel:
     rng = np.random.default_rng(0)
     cols = [FEATURES.index("p_chosen"), FEATURES.index("last_target_p")]
     n_in = len(cols) + hidden_dim
-    return DenseModel("head", rng.normal(size=n_in), rng.random(n_in) + 0.5,
-                      [(rng.normal(size=(n_in, 8)), rng.normal(size=8)), (rng.normal(size=(8, 1)), rng.normal(size=1))],
-                      "relu", cols, hidden_dim)
+    return DenseModel(
+        "head",
+        rng.normal(size=n_in),
+        rng.random(n_in) + 0.5,
+        [(rng.normal(size=(n_in, 8)), rng.normal(size=8)), (rng.normal(size=(8, 1)), rng.normal(size=1))],
+        "relu",
+        cols,
+        hidden_dim,
+    )
 
 
 def test_head_artifact_round_trip_and_refusals(tmp_path):
     head = _head()
-    folder = save_artifact(tmp_path / "h", head, {"threshold": 0.5, "pair": PAIR, "calibration": {"a": 1.2, "b": -0.1},
-                                                  "hidden": {"dim": 4, "stored_dim": 4, "projection_seed": None}})
+    folder = save_artifact(
+        tmp_path / "h",
+        head,
+        {
+            "threshold": 0.5,
+            "pair": PAIR,
+            "calibration": {"a": 1.2, "b": -0.1},
+            "hidden": {"dim": 4, "stored_dim": 4, "projection_seed": None},
+        },
+    )
     assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "model.safetensors"]
     art = load_artifact(folder, expect_pair=DraftPair(4))
     X = np.random.default_rng(1).random((7, len(FEATURES) + 4))
     assert art.hidden_dim == 4 and art.kind == "head"
     assert np.allclose(art.predict_proba(X), Calibration(1.2, -0.1)(head.predict_proba(X)))
     live = art.torch_predictor("cpu")
-    assert np.allclose([float(live(torch.tensor(row, dtype=torch.float32))) for row in X], art.predict_proba(X), atol=1e-5)
+    assert np.allclose(
+        [float(live(torch.tensor(row, dtype=torch.float32))) for row in X], art.predict_proba(X), atol=1e-5
+    )
     policy = ClassifierPolicy(art, 0.5)
     assert policy.needs_hidden
     with pytest.raises(DiscoError, match="reads the draft's hidden state"):
@@ -246,6 +282,7 @@ def test_wide_hidden_states_are_projected_with_the_recorded_seed():
 
 # --- damaged shards ---------------------------------------------------------------------------------
 
+
 def test_damaged_shard_is_a_one_line_error_and_collect_redoes_it(pair32, tmp_path, capsys):  # noqa: F811
     from disco.collect import collect
     from disco.trace import read_trace_rows
@@ -267,18 +304,35 @@ def test_damaged_shard_is_a_one_line_error_and_collect_redoes_it(pair32, tmp_pat
 
 # --- compare --policies -----------------------------------------------------------------------------
 
+
 def test_policies_selects_rows(pair32):
-    entries = default_entries("models/x", 3, 0.5, pair=pair32, tuned={"adaedl_lambda": 0.6, "svip_h": 0.4,
-                                                                       "rules": {"token": 0.9, "cost": 1.2}})
+    entries = default_entries(
+        "models/x",
+        3,
+        0.5,
+        pair=pair32,
+        tuned={"adaedl_lambda": 0.6, "svip_h": 0.4, "rules": {"token": 0.9, "cost": 1.2}},
+    )
     labels = [e.label for e in entries]
-    for want in ("adaedl λ0=0.9", "adaedl λ0=0.6 (tuned)", "svip h=0.3", "svip h=0.4 (tuned)", "classifier",
-                 "classifier token rule 0.9 (tuned)", "classifier cost rule 1.2 (tuned)", "transformers"):
+    for want in (
+        "adaedl λ0=0.9",
+        "adaedl λ0=0.6 (tuned)",
+        "svip h=0.3",
+        "svip h=0.4 (tuned)",
+        "classifier",
+        "classifier token rule 0.9 (tuned)",
+        "classifier cost rule 1.2 (tuned)",
+        "transformers",
+    ):
         assert want in labels, want
     chosen = select_entries(entries, "classifier,svip")
     assert {e.spec.name for e in chosen} == {"classifier", "svip"} and len(chosen) == 3  # the shipped classifier
     chosen = select_entries(entries, "classifier,rules")  # ... and its other rules
-    assert [e.label for e in chosen] == ["classifier", "classifier token rule 0.9 (tuned)",
-                                         "classifier cost rule 1.2 (tuned)"]
+    assert [e.label for e in chosen] == [
+        "classifier",
+        "classifier token rule 0.9 (tuned)",
+        "classifier cost rule 1.2 (tuned)",
+    ]
     assert [e.label for e in select_entries(entries, "transformers")] == ["transformers"]
     assert select_entries(entries, None) == entries
     with pytest.raises(DiscoError, match="unknown clasifier"):

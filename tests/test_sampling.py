@@ -32,6 +32,7 @@ SAMPLED = DecodeConfig(max_new_tokens=16, max_window=5, temperature=0.8, top_p=0
 
 # --- the coupling behind sampled traces ------------------------------------------------------------
 
+
 def test_coupled_draft_has_the_loops_joint_law():
     """Given y ~ p, coupled_draft's draft token is distributed as q, accepted with probability
     sum min(p, q) overall and min(1, p(x)/q(x)) given x, as rejection sampling accepts."""
@@ -99,12 +100,15 @@ def test_sampled_collection_is_seeded_per_prompt_and_resumes(pair32, tmp_path):
 
 # --- the simulator's expected counts are the live loop's mean --------------------------------------
 
+
 def _sampled_stub_traces(n: int, max_new: int, max_window: int) -> tuple[list, object, object]:
     target, draft = _stub_pair()
     pair = Pair(target, draft, None, "t", "d", torch.device("cpu"), torch.float64, frozenset())
     table = torch.zeros(V, dtype=torch.long)
-    frames = [trace_prompt(pair, [1], DecodeConfig(max_new, max_window, 1.0, 1.0, seed), table, f"s{seed}").to_pandas()
-              for seed in range(n)]
+    frames = [
+        trace_prompt(pair, [1], DecodeConfig(max_new, max_window, 1.0, 1.0, seed), table, f"s{seed}").to_pandas()
+        for seed in range(n)
+    ]
     return frames, target, draft
 
 
@@ -115,8 +119,12 @@ def test_expected_counts_equal_the_mean_of_live_sampled_runs(name, kw):
     df = pd.concat(frames, ignore_index=True)
     expected = simulate(prompt_traces(df, max_new, expected=True), replay_policy(name, **kw), window)
     sampled = simulate(prompt_traces(df, max_new), replay_policy(name, **kw), window)
-    live = [speculative_generate(target, draft, [1], make_policy(name, **kw), DecodeConfig(max_new, window, 1.0, 1.0, s)).stats
-            for s in range(10_000, 10_000 + n)]
+    live = [
+        speculative_generate(
+            target, draft, [1], make_policy(name, **kw), DecodeConfig(max_new, window, 1.0, 1.0, s)
+        ).stats
+        for s in range(10_000, 10_000 + n)
+    ]
 
     def per_run(stats, key):
         return np.array([float(getattr(s, key)) for s in stats])
@@ -222,6 +230,7 @@ def test_the_distribution_test_fails_for_a_broken_sampler(name, monkeypatch):
 
 # --- artifacts remember their sampling setting ------------------------------------------------------
 
+
 def test_artifact_warns_at_another_temperature(tmp_path):
     import warnings
 
@@ -250,13 +259,26 @@ def test_sampled_traces_match_live_runs_on_tiny_models():
     pair = Pair(target, draft, None, "t", "d", torch.device("cpu"), torch.float64, frozenset())
     table = torch.arange(VOCAB) % 3
     n, max_new, window, prompt = 80, 12, 4, [5, 9, 14]
-    frames = [trace_prompt(pair, prompt, DecodeConfig(max_new, window, 1.0, 0.95, s), table, f"s{s}").to_pandas()
-              for s in range(n)]
-    sim = simulate(prompt_traces(pd.concat(frames, ignore_index=True), max_new, expected=True),
-                   replay_policy("threshold", threshold=0.3), window)
-    live = [speculative_generate(target, draft, prompt, make_policy("threshold", threshold=0.3),
-                                 DecodeConfig(max_new, window, 1.0, 0.95, s)).stats for s in range(1000, 1000 + n)]
+    frames = [
+        trace_prompt(pair, prompt, DecodeConfig(max_new, window, 1.0, 0.95, s), table, f"s{s}").to_pandas()
+        for s in range(n)
+    ]
+    sim = simulate(
+        prompt_traces(pd.concat(frames, ignore_index=True), max_new, expected=True),
+        replay_policy("threshold", threshold=0.3),
+        window,
+    )
+    live = [
+        speculative_generate(
+            target, draft, prompt, make_policy("threshold", threshold=0.3), DecodeConfig(max_new, window, 1.0, 0.95, s)
+        ).stats
+        for s in range(1000, 1000 + n)
+    ]
     for key, slack in (("accepted", 0.0), ("target_forwards", 0.0), ("draft_forwards", 0.05)):
         a = np.array([float(getattr(s, key)) for s in live])
         b = np.array([float(getattr(s, key)) for s in sim.stats])
-        assert abs(a.mean() - b.mean()) < 4 * (a.var() / n + b.var() / n) ** 0.5 + slack * a.mean(), (key, a.mean(), b.mean())
+        assert abs(a.mean() - b.mean()) < 4 * (a.var() / n + b.var() / n) ** 0.5 + slack * a.mean(), (
+            key,
+            a.mean(),
+            b.mean(),
+        )

@@ -26,8 +26,15 @@ from disco.trace import COLUMNS, HIDDEN_COLUMN, signals_at
 # --- trace builders (also used by test_train.py) --------------------------------------------
 
 
-def trace_frame(prompt_id: str, tok_feats: torch.Tensor, draft_tokens, target_tokens, max_window: int = 20,
-                max_new: int | None = None, task: str = "t") -> pd.DataFrame:
+def trace_frame(
+    prompt_id: str,
+    tok_feats: torch.Tensor,
+    draft_tokens,
+    target_tokens,
+    max_window: int = 20,
+    max_new: int | None = None,
+    task: str = "t",
+) -> pd.DataFrame:
     """Trace rows in the schema of disco/trace.py, with the oracle's windows as the collector marks them."""
     L = len(target_tokens)
     max_new = L if max_new is None else max_new
@@ -45,7 +52,7 @@ def trace_frame(prompt_id: str, tok_feats: torch.Tensor, draft_tokens, target_to
             j = out + pos - 1
             if j >= L:
                 break
-            window[j] = state.step(tok_feats[j], pos)[len(TOKEN_FEATURES):]
+            window[j] = state.step(tok_feats[j], pos)[len(TOKEN_FEATURES) :]
             window_id[j], drafted[j], k = wid, True, pos
             if not labels[j]:
                 break
@@ -57,10 +64,24 @@ def trace_frame(prompt_id: str, tok_feats: torch.Tensor, draft_tokens, target_to
     feats = torch.cat([tok_feats, window], 1).double().numpy()
     df = pd.DataFrame(feats, columns=list(FEATURES))
     p = df["p_chosen"]
-    df = df.assign(prompt_id=prompt_id, task=task, gen_pos=np.arange(L), window_id=window_id, oracle_drafted=drafted,
-                   label=labels, draft_token=list(draft_tokens), target_token=list(target_tokens), draft_prob=p,
-                   target_prob=np.where(labels, 0.9, 0.05), accept_prob=1.0, overlap=0.5, target_top1=top1,
-                   target_prob_target=top1, target_entropy=ent, draft_prob_target=dpt)
+    df = df.assign(
+        prompt_id=prompt_id,
+        task=task,
+        gen_pos=np.arange(L),
+        window_id=window_id,
+        oracle_drafted=drafted,
+        label=labels,
+        draft_token=list(draft_tokens),
+        target_token=list(target_tokens),
+        draft_prob=p,
+        target_prob=np.where(labels, 0.9, 0.05),
+        accept_prob=1.0,
+        overlap=0.5,
+        target_top1=top1,
+        target_prob_target=top1,
+        target_entropy=ent,
+        draft_prob_target=dpt,
+    )
     # a 4-dim "hidden state" per position, float16 bytes as the collector stores it
     hid = np.stack([df["p_chosen"], df["entropy"], np.sin(np.arange(L)), np.ones(L)], 1).astype(np.float16)
     df[HIDDEN_COLUMN] = [row.tobytes() for row in hid]
@@ -105,8 +126,9 @@ def random_traces(n_prompts: int, length: int, seed: int = 0) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def collected_trace(target, draft, prompt: list[int], max_new: int, table: torch.Tensor, prompt_id: str,
-                    max_window: int = 20) -> pd.DataFrame:
+def collected_trace(
+    target, draft, prompt: list[int], max_new: int, table: torch.Tensor, prompt_id: str, max_window: int = 20
+) -> pd.DataFrame:
     """The trace `disco collect` writes for one prompt (no EOS: y runs to the budget)."""
     pair = Pair(target, draft, None, "t", "d", torch.device("cpu"), torch.float64, frozenset())
     return trace_prompt(pair, prompt, DecodeConfig(max_new, max_window), table, prompt_id).to_pandas()
@@ -190,9 +212,14 @@ def test_classifier_replay_recomputes_window_features():
     assert counts(s.stats[0]) == counts(run(replay_policy("threshold", threshold=0.4)).stats[0])
     seen = [(f["gen_pos"], f["window_pos"], round(f["window_prob_prod"], 4), f["prev_accepted"]) for f in model.seen]
     assert seen == [
-        (0, 1, 0.9, 0), (1, 2, 0.81, 0), (2, 3, 0.243, 0),
-        (3, 1, 0.9, 2), (4, 2, 0.81, 2), (5, 3, 0.2835, 2),
-        (7, 1, 0.9, 3), (8, 2, 0.81, 3),
+        (0, 1, 0.9, 0),
+        (1, 2, 0.81, 0),
+        (2, 3, 0.243, 0),
+        (3, 1, 0.9, 2),
+        (4, 2, 0.81, 2),
+        (5, 3, 0.2835, 2),
+        (7, 1, 0.9, 3),
+        (8, 2, 0.81, 3),
         (8, 1, 0.9, 0),
     ]
 
@@ -251,8 +278,9 @@ class PositionStub(DistStubLM):
     """DistStubLM that also runs without a cache, as the collector's teacher-forced forward calls it."""
 
     def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, output_hidden_states=False):
-        return super().forward(input_ids, DynamicCache() if cache is None else cache, use_cache, logits_to_keep,
-                               output_hidden_states)
+        return super().forward(
+            input_ids, DynamicCache() if cache is None else cache, use_cache, logits_to_keep, output_hidden_states
+        )
 
 
 def _stub_pair():
@@ -261,12 +289,20 @@ def _stub_pair():
     g = torch.Generator().manual_seed(0)
     t_logits = torch.randn(200, V, generator=g) * 3
     d_logits = t_logits + torch.randn(200, V, generator=g) * 2.5
-    return (PositionStub(lambda i: torch.softmax(t_logits[i], -1), V),
-            PositionStub(lambda i: torch.softmax(d_logits[i], -1), V))
+    return (
+        PositionStub(lambda i: torch.softmax(t_logits[i], -1), V),
+        PositionStub(lambda i: torch.softmax(d_logits[i], -1), V),
+    )
 
 
-POLICIES = [("constant", dict(k=3)), ("heuristic", dict(k=2)), ("threshold", dict(threshold=0.5)),
-            ("threshold", dict(threshold=0.8)), ("threshold", dict(threshold=0.6, adaptive=True)), ("oracle", {})]
+POLICIES = [
+    ("constant", dict(k=3)),
+    ("heuristic", dict(k=2)),
+    ("threshold", dict(threshold=0.5)),
+    ("threshold", dict(threshold=0.8)),
+    ("threshold", dict(threshold=0.6, adaptive=True)),
+    ("oracle", {}),
+]
 
 
 @pytest.mark.parametrize("name, kw", POLICIES)
@@ -281,8 +317,9 @@ def test_simulation_equals_real_runs_on_position_stubs(name, kw):
         assert len(df) == max_new
         sim = simulate(prompt_traces(df, max_new), replay_policy(name, **kw), 6)
         y = df["target_token"].tolist()
-        real = speculative_generate(target, draft, prompt, make_policy(name, target_tokens=y, **kw),
-                                    DecodeConfig(max_new, 6))
+        real = speculative_generate(
+            target, draft, prompt, make_policy(name, target_tokens=y, **kw), DecodeConfig(max_new, 6)
+        )
         assert real.tokens == y
         assert counts(sim.stats[0]) == counts(real.stats)
         approx += sim.approx_drafts
@@ -311,8 +348,11 @@ def _compare_real(tiny_traces, make_real, factory, max_window=8):
         real = speculative_generate(target, draft, prompt, make_real(y), DecodeConfig(24, max_window))
         assert real.tokens == y
         # always exact: the tokens committed per round and what was accepted
-        assert (s.new_tokens, s.target_forwards, s.accepted_per_window) == \
-               (real.stats.new_tokens, real.stats.target_forwards, real.stats.accepted_per_window)
+        assert (s.new_tokens, s.target_forwards, s.accepted_per_window) == (
+            real.stats.new_tokens,
+            real.stats.target_forwards,
+            real.stats.accepted_per_window,
+        )
         if sim.approx_drafts == 0:
             assert counts(s) == counts(real.stats)
             exact += 1
@@ -324,15 +364,17 @@ def _compare_real(tiny_traces, make_real, factory, max_window=8):
 
 
 def test_oracle_simulation_equals_real_runs_on_tiny_models(tiny_traces):
-    exact, approximated, err = _compare_real(tiny_traces, lambda y: make_policy("oracle", target_tokens=y),
-                                             replay_policy("oracle"))
+    exact, approximated, err = _compare_real(
+        tiny_traces, lambda y: make_policy("oracle", target_tokens=y), replay_policy("oracle")
+    )
     assert approximated == 0 and err == 0
 
 
 def test_threshold_simulation_matches_real_runs_on_tiny_models(tiny_traces):
     # tau 0.3 keeps drafting past many mismatches: the approximation is exercised and measured
-    exact, approximated, err = _compare_real(tiny_traces, lambda y: make_policy("threshold", threshold=0.3),
-                                             replay_policy("threshold", threshold=0.3))
+    exact, approximated, err = _compare_real(
+        tiny_traces, lambda y: make_policy("threshold", threshold=0.3), replay_policy("threshold", threshold=0.3)
+    )
     assert exact > 0 and approximated > 0
     assert err < 0.1  # 5% of draft forwards on these random models
 
@@ -341,8 +383,9 @@ def test_live_classifier_policy_decides_as_the_replay(tiny_traces):
     table = tiny_traces[2]
     model = ProbModel(lambda f: f["p_chosen"] * (0.97 ** f["window_pos"]) * (1.1 if f["prev_accepted"] > 1 else 1))
     live = ClassifierPolicy(model, 0.45, table)
-    exact, approximated, err = _compare_real(tiny_traces, lambda y: live.fresh(),
-                                             replay_policy("classifier", threshold=0.45, model=model))
+    exact, approximated, err = _compare_real(
+        tiny_traces, lambda y: live.fresh(), replay_policy("classifier", threshold=0.45, model=model)
+    )
     assert exact > 0 and err < 0.1
 
 
@@ -385,9 +428,27 @@ def test_disco_profile_command(tmp_path, capsys, monkeypatch):
     from disco.embedded import CACHE_ENV
 
     target, draft = tiny_pair(dtype=torch.float32)
-    t, d = save_tiny(target, char_tokenizer(), tmp_path / "target"), save_tiny(draft, char_tokenizer(), tmp_path / "draft")
-    args = ["profile", "--target", t, "--draft", d, "--device", "cpu", "--max-window", 2, "--context", 30,
-            "--repeats", 2, "--warmup", 0]
+    t, d = (
+        save_tiny(target, char_tokenizer(), tmp_path / "target"),
+        save_tiny(draft, char_tokenizer(), tmp_path / "draft"),
+    )
+    args = [
+        "profile",
+        "--target",
+        t,
+        "--draft",
+        d,
+        "--device",
+        "cpu",
+        "--max-window",
+        2,
+        "--context",
+        30,
+        "--repeats",
+        2,
+        "--warmup",
+        0,
+    ]
     code, stdout, err = cli(capsys, *args, "--out", tmp_path / "p.json")
     assert code == 0, err
     assert "c_d = " in stdout and CostModel.load(tmp_path / "p.json").c_t[0] > 0

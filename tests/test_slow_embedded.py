@@ -25,8 +25,12 @@ def test_embedded_pair_is_lossless_for_every_policy(pair):
         ids = pair.encode(prompt)
         ref = target_generate(pair.target, ids, config, pair.eos_token_ids)
         assert ref.stats.new_tokens > 0
-        for spec in (PolicySpec("constant", k=5), PolicySpec("heuristic"), PolicySpec("threshold"),
-                     PolicySpec("oracle")):
+        for spec in (
+            PolicySpec("constant", k=5),
+            PolicySpec("heuristic"),
+            PolicySpec("threshold"),
+            PolicySpec("oracle"),
+        ):
             res = generate(pair, prompt, spec, config, target_tokens=ref.tokens)
             assert res.tokens == ref.tokens, (spec.name, pair.decode(res.tokens), pair.decode(ref.tokens))
         assert pair.decode(ref.tokens).strip()

@@ -39,8 +39,9 @@ def _llama(path: Path, f32_kv: bool = True) -> llama_cpp.Llama:
     kv = dict(type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32) if f32_kv else {}
     # One thread: the model is tiny, and on a busy 2-core machine two OpenMP threads wait on each
     # other (the first batch then takes ~0.6 s instead of ~10 ms).
-    return llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, verbose=False,
-                           n_threads=1, n_threads_batch=1, **kv)
+    return llama_cpp.Llama(
+        model_path=str(path), n_ctx=256, logits_all=True, verbose=False, n_threads=1, n_threads_batch=1, **kv
+    )
 
 
 def _reference(model: torch.nn.Module, ids: list[int]) -> np.ndarray:

@@ -39,8 +39,9 @@ def write_traces(folder: Path, df, pair=PAIR, max_new=None, manifest=True) -> Pa
     folder.mkdir(parents=True)
     df.to_parquet(folder / "shard-00000.parquet")
     if manifest:
-        (folder / "manifest.json").write_text(json.dumps({"pair": pair, "features": list(FEATURES),
-                                                          "max_new_tokens": max_new}))
+        (folder / "manifest.json").write_text(
+            json.dumps({"pair": pair, "features": list(FEATURES), "max_new_tokens": max_new})
+        )
     return folder
 
 
@@ -82,8 +83,10 @@ def test_threshold_is_the_argmax_of_simulated_speedup(data):
     model = fit_model("logistic", X[tr], y[tr])
     cost = CostModel.default(20)
     tuned = tune(val_traces, lambda t: replay_policy("classifier", threshold=t, model=model), THRESHOLD_GRID, cost, 20)
-    alone = {t: simulate(val_traces, replay_policy("classifier", threshold=t, model=model), 20).speedup(cost)
-             for t in THRESHOLD_GRID}
+    alone = {
+        t: simulate(val_traces, replay_policy("classifier", threshold=t, model=model), 20).speedup(cost)
+        for t in THRESHOLD_GRID
+    }
     assert tuned.speedups == pytest.approx(alone)
     assert tuned.best == max(THRESHOLD_GRID, key=lambda t: (alone[t], -t))
     assert len(set(np.round(list(alone.values()), 6))) > 3  # the threshold matters on this data
@@ -210,8 +213,9 @@ def test_bad_inputs_are_clear_errors(tmp_path):
         load_trace_data([write_traces(tmp_path / "cols", good.drop(columns=["copy_1", "copy_2"]))])
     with pytest.raises(DiscoError, match="no manifest.json"):
         load_trace_data([write_traces(tmp_path / "nomanifest", good, manifest=False)])
-    other = write_traces(tmp_path / "other", good.assign(prompt_id=good["prompt_id"] + "x"),
-                         pair={**PAIR, "tokenizer_hash": "zzz"})
+    other = write_traces(
+        tmp_path / "other", good.assign(prompt_id=good["prompt_id"] + "x"), pair={**PAIR, "tokenizer_hash": "zzz"}
+    )
     with pytest.raises(DiscoError, match="different pairs"):
         load_trace_data([write_traces(tmp_path / "good", good), other])
     with pytest.raises(DiscoError, match="single prompt"):
@@ -233,15 +237,42 @@ def test_disco_train_command(traces_dir, tmp_path, capsys):
     out = tmp_path / "models" / "clf"
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"c_d": 0.004, "c_t": [0.01 * (1 + 0.03 * k) for k in range(9)]}))
-    code, stdout, err = cli(capsys, "train", "--traces", traces_dir, "--out", out, "--model", "logistic",
-                            "--profile", profile, "--max-window", 8, "--ablate", "--cross-task")
+    code, stdout, err = cli(
+        capsys,
+        "train",
+        "--traces",
+        traces_dir,
+        "--out",
+        out,
+        "--model",
+        "logistic",
+        "--profile",
+        profile,
+        "--max-window",
+        8,
+        "--ablate",
+        "--cross-task",
+    )
     assert code == 0, err
-    for policy in ("| oracle |", "| classifier (logistic, token rule) | token = ",
-                   "| classifier (logistic, cumulative rule) | cumulative = ", "| classifier (logistic, cost rule) | cost = ",
-                   "| threshold | tau = 0.4 (transformers)", "| constant | k = ", "| adaedl | lambda0 = 0.9 (paper) |",
-                   "| svip | h = 0.3 (paper's code) |", "| adaedl | lambda0 = ", "| svip | h = ",
-                   "| heuristic |", "ROC-AUC", "| all − copy_* |", "| all − class_* |", "| all − last_* |",
-                   "| DISCO inputs only | 12 |", "`--policy classifier` runs"):
+    for policy in (
+        "| oracle |",
+        "| classifier (logistic, token rule) | token = ",
+        "| classifier (logistic, cumulative rule) | cumulative = ",
+        "| classifier (logistic, cost rule) | cost = ",
+        "| threshold | tau = 0.4 (transformers)",
+        "| constant | k = ",
+        "| adaedl | lambda0 = 0.9 (paper) |",
+        "| svip | h = 0.3 (paper's code) |",
+        "| adaedl | lambda0 = ",
+        "| svip | h = ",
+        "| heuristic |",
+        "ROC-AUC",
+        "| all − copy_* |",
+        "| all − class_* |",
+        "| all − last_* |",
+        "| DISCO inputs only | 12 |",
+        "`--policy classifier` runs",
+    ):
         assert policy in stdout, policy
     manifest = json.loads((out / "manifest.json").read_text())
     art = load_artifact(out, expect_pair=PAIR)
@@ -298,14 +329,20 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
     prompts = [Prompt(f"q{i}", "code", f"def f{i}(x): return x * {i} +") for i in range(16)]
     config = DecodeConfig(max_new_tokens=24, max_window=6)
     collect(pair, prompts, tmp_path / "traces", config, progress=False)
-    report = train(TrainConfig([tmp_path / "traces"], tmp_path / "clf", model="logistic", max_window=6,
-                               val_fraction=0.25, progress=False))
+    report = train(
+        TrainConfig(
+            [tmp_path / "traces"], tmp_path / "clf", model="logistic", max_window=6, val_fraction=0.25, progress=False
+        )
+    )
 
     art = load_artifact(tmp_path / "clf", expect_pair=pair)
     chosen = ClassifierPolicy.for_pair(art, pair)  # what --policy classifier runs: what train chose
     if report.choice["policy"] == "classifier":
-        assert (chosen.rule, chosen.setting) == (art.rule, report.threshold) == (report.choice["rule"],
-                                                                                    report.choice["setting"])
+        assert (
+            (chosen.rule, chosen.setting)
+            == (art.rule, report.threshold)
+            == (report.choice["rule"], report.choice["setting"])
+        )
     else:
         assert chosen.name == "threshold" and chosen.threshold == report.choice["setting"]
     assert art.hidden_dim == 0 or art.kind == "head"
@@ -313,8 +350,9 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
     val = set(report.split["val_prompt_ids"])
     # every rule, at a setting where it stops inside windows: lossless live, and the simulator's counts
     for rule, setting in (("token", 0.5), ("cumulative", 0.5), ("cost", 1.3), ("cost-adaptive", 1.3)):
-        policy = ClassifierPolicy(art, setting, pair.token_classes(), rule, art.cost_model() or CostModel.default(6),
-                                  art.projection())
+        policy = ClassifierPolicy(
+            art, setting, pair.token_classes(), rule, art.cost_model() or CostModel.default(6), art.projection()
+        )
         exact = 0
         for prompt in prompts:
             if prompt.id not in val:
@@ -323,8 +361,11 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
             ref = target_generate(target, ids, config, pair.eos_token_ids).tokens
             real = speculative_generate(target, draft, ids, policy.fresh(), config, pair.eos_token_ids)
             assert real.tokens == ref
-            sim = simulate(prompt_traces(df[df["prompt_id"] == prompt.id], 24),
-                           replay_policy("classifier", threshold=setting, model=art, rule=rule, cost=policy.cost), 6)
+            sim = simulate(
+                prompt_traces(df[df["prompt_id"] == prompt.id], 24),
+                replay_policy("classifier", threshold=setting, model=art, rule=rule, cost=policy.cost),
+                6,
+            )
             s = sim.stats[0]
             assert (s.new_tokens, s.target_forwards) == (real.stats.new_tokens, real.stats.target_forwards)
             if sim.approx_drafts == 0 and len(ref) == 24:  # no draft past a mismatch or past EOS: exact

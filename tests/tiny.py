@@ -33,9 +33,17 @@ def char_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
 def tiny_qwen(seed: int = 0, dtype: torch.dtype = torch.float64, layers: int = 2) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        eos_token_id=EOS, pad_token_id=0, bos_token_id=None, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        bos_token_id=None,
+        tie_word_embeddings=False,
     )
     model = Qwen2ForCausalLM(cfg).to(dtype).eval()
     # Random init gives near-uniform logits; sharpen them so greedy choices are far from ties.

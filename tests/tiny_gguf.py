@@ -22,9 +22,14 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 # Unlike LlamaModel, convert_hf_to_gguf.py does not permute Q/K rows for Qwen2: llama.cpp runs qwen2
 # with NEOX-style rope (rotate halves), which is the layout transformers' rotate_half already uses.
 _LAYER_NAMES = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
 _GLOBAL_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
@@ -38,8 +43,9 @@ class _Writer(gguf.GGUFWriter):
     placeholder merge exists). An empty array is valid GGUF and both readers take it, but
     GGUFWriter drops empty arrays in add_array and raises on them when packing."""
 
-    def _pack_val(self, val: Any, vtype: gguf.GGUFValueType, add_vtype: bool,
-                  sub_type: gguf.GGUFValueType | None = None) -> bytes:
+    def _pack_val(
+        self, val: Any, vtype: gguf.GGUFValueType, add_vtype: bool, sub_type: gguf.GGUFValueType | None = None
+    ) -> bytes:
         if vtype == gguf.GGUFValueType.ARRAY and sub_type is not None and len(val) == 0:
             head = self._pack("I", vtype) if add_vtype else b""
             return head + self._pack("I", sub_type) + self._pack("Q", 0)
@@ -54,8 +60,7 @@ def _gguf_name(hf_name: str) -> str:
     return f"blk.{block}.{_LAYER_NAMES[local]}.{kind}"
 
 
-def _vocab(tokenizer: PreTrainedTokenizerBase, extra_tokens: Sequence[str],
-           n_rows: int) -> tuple[list[str], list[int]]:
+def _vocab(tokenizer: PreTrainedTokenizerBase, extra_tokens: Sequence[str], n_rows: int) -> tuple[list[str], list[int]]:
     """Tokens as a byte-level BPE vocabulary spells them, and their llama.cpp token types.
 
     The tokenizer's tokens are taken as raw text (char_tokenizer's are single characters), and
@@ -91,8 +96,13 @@ def _vocab(tokenizer: PreTrainedTokenizerBase, extra_tokens: Sequence[str],
     return tokens, types
 
 
-def write_tiny_gguf(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, path: Path,
-                    chat_template: str | None = None, extra_tokens: Sequence[str] = ()) -> Path:
+def write_tiny_gguf(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    path: Path,
+    chat_template: str | None = None,
+    extra_tokens: Sequence[str] = (),
+) -> Path:
     """Write `model` (a transformers Qwen2ForCausalLM) and `tokenizer` to the GGUF file `path`.
 
     chat_template: stored as tokenizer.chat_template (default: the tokenizer's own, if any).
@@ -123,8 +133,7 @@ def write_tiny_gguf(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase,
     w.add_tokenizer_pre("qwen2")  # selects the Qwen2 split regex in llama.cpp and in transformers
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_key_value(gguf.Keys.Tokenizer.MERGES, [], gguf.GGUFValueType.ARRAY,
-                    sub_type=gguf.GGUFValueType.STRING)
+    w.add_key_value(gguf.Keys.Tokenizer.MERGES, [], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
     w.add_eos_token_id(tokenizer.eos_token_id)
     # llama.cpp's "gpt2" vocabularies default BOS to id 11 (a letter here) when the key is missing;
     # Qwen2's own GGUFs set BOS = <|endoftext|> and never add it, so do the same with EOS.

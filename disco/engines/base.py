@@ -49,8 +49,9 @@ class Engine(Protocol):
     name: str  # "torch" or "llama.cpp": recorded in traces, profiles and artifacts
     device: torch.device  # where its logits live
 
-    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False,
-                capacity: int | None = None) -> Session: ...  # capacity: prompt + output positions it may reach
+    def session(
+        self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False, capacity: int | None = None
+    ) -> Session: ...  # capacity: prompt + output positions it may reach
 
     @property
     def context_length(self) -> int: ...

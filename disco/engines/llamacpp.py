@@ -50,8 +50,10 @@ EXACT_PROBE_WIDTHS = (4, 3, 2)  # batch widths the exact-width probe tries, wide
 _PROBE_PREFIX, _PROBE_TOKENS = 16, 12  # the probe: 12 tokens after 16 cached ones
 DEFAULT_N_CTX = 4096  # KV cache positions per model (prompt + output); capped by the model's training context
 DEFAULT_N_BATCH = 512  # tokens per llama_decode call at most (longer prompts are fed in chunks)
-INSTALL_HINT = ("install it with `pip install llama-cpp-python==0.3.36` (what `make install` does; it builds "
-                "llama.cpp from source, ~6 min), or run the torch engine with --engine torch")
+INSTALL_HINT = (
+    "install it with `pip install llama-cpp-python==0.3.36` (what `make install` does; it builds "
+    "llama.cpp from source, ~6 min), or run the torch engine with --engine torch"
+)
 _GGUF_MAGIC = b"GGUF"
 
 
@@ -65,11 +67,13 @@ def llama_cpp_module():
     try:
         import llama_cpp
     except ImportError as e:
-        raise DiscoError(f"the llama.cpp engine needs llama-cpp-python, which is not importable ({e}): "
-                         + INSTALL_HINT) from None
+        raise DiscoError(
+            f"the llama.cpp engine needs llama-cpp-python, which is not importable ({e}): " + INSTALL_HINT
+        ) from None
     except OSError as e:  # the package is there but its shared library does not load
-        raise DiscoError(f"llama-cpp-python is installed but its llama.cpp library does not load ({e}): "
-                         f"reinstall it: {INSTALL_HINT}") from None
+        raise DiscoError(
+            f"llama-cpp-python is installed but its llama.cpp library does not load ({e}): reinstall it: {INSTALL_HINT}"
+        ) from None
     return llama_cpp
 
 
@@ -149,17 +153,26 @@ class LlamaCppEngine:
     name = "llama.cpp"
     device = torch.device("cpu")
 
-    def __init__(self, path: str | Path, threads: int | None = None, verify: str = DEFAULT_VERIFY,
-                 n_ctx: int = DEFAULT_N_CTX, n_batch: int = DEFAULT_N_BATCH, repack: bool = True,
-                 n_ubatch: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        threads: int | None = None,
+        verify: str = DEFAULT_VERIFY,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_batch: int = DEFAULT_N_BATCH,
+        repack: bool = True,
+        n_ubatch: int | None = None,
+    ) -> None:
         """repack: llama.cpp's weight repacking into CPU-friendly layouts (its default, faster);
         n_ubatch: llama.cpp's micro-batch (default n_batch): both change how batches round."""
         path = Path(path).expanduser()
         if not path.is_file():
             raise DiscoError(f"no such GGUF file: {path} (check the path)")
         if not is_gguf(path):
-            raise DiscoError(f"{path} is not a GGUF file (no GGUF header): the llama.cpp engine runs GGUF models; "
-                             "use --engine torch for a transformers model folder")
+            raise DiscoError(
+                f"{path} is not a GGUF file (no GGUF header): the llama.cpp engine runs GGUF models; "
+                "use --engine torch for a transformers model folder"
+            )
         if verify not in VERIFY_MODES:
             raise DiscoError(f"unknown verification mode {verify!r}: choose one of {', '.join(VERIFY_MODES)}")
         threads = default_threads() if threads is None else threads
@@ -173,8 +186,10 @@ class LlamaCppEngine:
         mparams.use_extra_bufts = repack
         self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
-            raise DiscoError(f"llama.cpp could not load {path}: the file is damaged or its architecture is not "
-                             "supported by this llama.cpp (set DISCO_LLAMA_LOG=1 to see its log)")
+            raise DiscoError(
+                f"llama.cpp could not load {path}: the file is damaged or its architecture is not "
+                "supported by this llama.cpp (set DISCO_LLAMA_LOG=1 to see its log)"
+            )
         self._vocab = lc.llama_model_get_vocab(self._model)
         self._n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         self.n_ctx = min(n_ctx, lc.llama_model_n_ctx_train(self._model) or n_ctx)
@@ -188,8 +203,10 @@ class LlamaCppEngine:
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lc.llama_model_free(self._model)
-            raise DiscoError(f"llama.cpp could not create a context for {path} (n_ctx {self.n_ctx}): "
-                             "out of memory? lower the context")
+            raise DiscoError(
+                f"llama.cpp could not create a context for {path} (n_ctx {self.n_ctx}): "
+                "out of memory? lower the context"
+            )
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._session_id = 0  # a new session invalidates the older ones (they share the one KV cache)
@@ -243,9 +260,16 @@ class LlamaCppEngine:
         return 0.0
 
     def describe(self) -> dict:
-        return {"name": self.name, "version": self._lc.__version__, "threads": self.threads,
-                "quantization": self.description, "verify": self.verify, "repack": self.repack,
-                "n_ubatch": self.n_ubatch, **({"exact_width": self.exact_width} if self.verify == "exact" else {})}
+        return {
+            "name": self.name,
+            "version": self._lc.__version__,
+            "threads": self.threads,
+            "quantization": self.description,
+            "verify": self.verify,
+            "repack": self.repack,
+            "n_ubatch": self.n_ubatch,
+            **({"exact_width": self.exact_width} if self.verify == "exact" else {}),
+        }
 
     def check_pairable(self, draft: LlamaCppEngine) -> None:
         pass  # two GGUF files sharing a vocabulary (load_pair checks it): nothing else to line up
@@ -289,8 +313,10 @@ class LlamaCppEngine:
         best = 1
         for width in EXACT_PROBE_WIDTHS:
             self._remove_from(_PROBE_PREFIX)
-            rows = [self._decode(toks[i : i + width], i, len(toks[i : i + width]))[0]
-                    for i in range(_PROBE_PREFIX, n, width)]
+            rows = [
+                self._decode(toks[i : i + width], i, len(toks[i : i + width]))[0]
+                for i in range(_PROBE_PREFIX, n, width)
+            ]
             if torch.equal(torch.cat(rows), ref):
                 best = width
                 break
@@ -299,8 +325,9 @@ class LlamaCppEngine:
 
     # --- running -------------------------------------------------------------------------------
 
-    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False,
-                capacity: int | None = None) -> LlamaCppSession:
+    def session(
+        self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False, capacity: int | None = None
+    ) -> LlamaCppSession:
         """A decode from an empty KV cache. use_cache and capacity are accepted for the interface: a
         llama.cpp context always has its cache, of n_ctx positions fixed at load, and a fresh session
         starts it empty. hidden: also output the last layer's states (llama.cpp's per-token
@@ -312,8 +339,9 @@ class LlamaCppEngine:
         self._lc.llama_set_embeddings(self._ctx, hidden)
         return LlamaCppSession(self, self._session_id, [int(t) for t in prompt.tolist()], hidden)
 
-    def _decode(self, tokens: list[int], start: int, keep: int,
-                hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _decode(
+        self, tokens: list[int], start: int, keep: int, hidden: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed `tokens` at positions start.. in one llama_decode: (keep, vocab) logits of the last `keep`,
         and with `hidden` (a context with embeddings on) their (keep, n_embd) last-layer states."""
         b, n = self._batch, len(tokens)
@@ -323,8 +351,10 @@ class LlamaCppEngine:
         b.n_tokens = n
         rc = self._lc.llama_decode(self._ctx, b)
         if rc != 0:
-            raise DiscoError(f"llama.cpp could not decode {n} tokens at position {start} (code {rc}): the KV cache "
-                             f"of {self.n_ctx} positions is full? shorten the prompt or lower --max-new-tokens")
+            raise DiscoError(
+                f"llama.cpp could not decode {n} tokens at position {start} (code {rc}): the KV cache "
+                f"of {self.n_ctx} positions is full? shorten the prompt or lower --max-new-tokens"
+            )
         if keep == 0:
             return torch.empty(0, self._n_vocab), None
         states = None
@@ -354,8 +384,10 @@ class LlamaCppSession:
 
     def _check(self) -> None:
         if self._id != self.engine._session_id:
-            raise DiscoError("this llama.cpp session was replaced by a newer one on the same model "
-                             "(one decode at a time per loaded model)")
+            raise DiscoError(
+                "this llama.cpp session was replaced by a newer one on the same model "
+                "(one decode at a time per loaded model)"
+            )
 
     def unseen(self, ids: torch.Tensor) -> torch.Tensor:
         return ids[self.length :]
@@ -368,8 +400,10 @@ class LlamaCppSession:
         self._check()
         toks = [int(t) for t in tokens.tolist()]
         if self.length + len(toks) > self.engine.n_ctx:
-            raise DiscoError(f"the sequence ({self.length + len(toks)} tokens) exceeds the llama.cpp context of "
-                             f"{self.engine.n_ctx} tokens: shorten the prompt or lower --max-new-tokens")
+            raise DiscoError(
+                f"the sequence ({self.length + len(toks)} tokens) exceeds the llama.cpp context of "
+                f"{self.engine.n_ctx} tokens: shorten the prompt or lower --max-new-tokens"
+            )
         # The prompt (but its pending last token) is always fed in batches, as prefill() does; after
         # it, exact mode feeds batches narrow enough to round like target-only decoding's one-token steps.
         self._hidden_rows = []
@@ -418,8 +452,10 @@ def load_pair(options: PairOptions) -> PairParts:
     target, draft, draft_quant = options.target, options.draft, options.draft_quant
     if options.cache != DEFAULT_CACHE or options.compile:
         flag = f"--cache {options.cache}" if options.cache != DEFAULT_CACHE else "--compile"
-        raise DiscoError(f"{flag} is for the torch engine: llama.cpp keeps its own KV cache and kernels (drop "
-                         f"{flag.split()[0]}, or add --engine torch)")
+        raise DiscoError(
+            f"{flag} is for the torch engine: llama.cpp keeps its own KV cache and kernels (drop "
+            f"{flag.split()[0]}, or add --engine torch)"
+        )
     if draft_quant not in DRAFT_QUANT_CHOICES:
         raise DiscoError(f"unknown --draft-quant {draft_quant!r}: choose auto, none or {', '.join(DRAFT_QUANTS)}")
     llama_cpp_module()  # a missing install fails here, before any file work
@@ -434,8 +470,10 @@ def load_pair(options: PairOptions) -> PairParts:
             if not path.is_file():
                 raise DiscoError(f"--engine llama.cpp needs GGUF files: the {role} {path} is not a file")
             if not is_gguf(path):
-                raise DiscoError(f"the {role} {path} is not a GGUF file (no GGUF header): the llama.cpp engine "
-                                 "runs GGUF models; use --engine torch for transformers models")
+                raise DiscoError(
+                    f"the {role} {path} is not a GGUF file (no GGUF header): the llama.cpp engine "
+                    "runs GGUF models; use --engine torch for transformers models"
+                )
         target_tok, draft_tok = gguf_tokenizer(target_path), gguf_tokenizer(draft_path)
     check_same_tokenizer(target_tok, draft_tok, *names)
     if draft_quant == "auto":
@@ -445,13 +483,14 @@ def load_pair(options: PairOptions) -> PairParts:
     t_engine = LlamaCppEngine(target_path, options.threads, options.verify)
     d_engine = LlamaCppEngine(draft_path, options.threads, options.verify)
     if t_engine.vocab_size != d_engine.vocab_size:
-        raise DiscoError(f"target {names[0]} has {t_engine.vocab_size} tokens but draft {names[1]} has "
-                         f"{d_engine.vocab_size}: pick a draft from the target's model family")
+        raise DiscoError(
+            f"target {names[0]} has {t_engine.vocab_size} tokens but draft {names[1]} has "
+            f"{d_engine.vocab_size}: pick a draft from the target's model family"
+        )
     # What llama.cpp ends generation on (EOS, EOT, <|im_end|>, ...) plus the tokenizer's EOS:
     # target-only decoding, every policy and llama-server then stop at the same tokens.
     eos = t_engine.eog_ids() | ({target_tok.eos_token_id} if target_tok.eos_token_id is not None else set())
-    return PairParts(t_engine, d_engine, target_tok, names[0], names[1], t_engine.device, torch.float32,
-                     frozenset(eos))
+    return PairParts(t_engine, d_engine, target_tok, names[0], names[1], t_engine.device, torch.float32, frozenset(eos))
 
 
 @contextlib.contextmanager
@@ -481,10 +520,18 @@ def _claims_auto(target: str | None, draft: str | None, cuda: bool) -> bool:
 
 def _check_device(device: str) -> None:
     if device == "cuda":
-        raise DiscoError("--engine llama.cpp runs on the CPU (llama-cpp-python is built for it here): "
-                         "use --engine torch for --device cuda")
+        raise DiscoError(
+            "--engine llama.cpp runs on the CPU (llama-cpp-python is built for it here): "
+            "use --engine torch for --device cuda"
+        )
 
 
-KIND = EngineKind(load_pair, _prepare_embedded, _claims_auto, _check_device, anchor_names=("llama-server",),
-                  owned_options=(("verify", "--verify"), ("draft_quant", "--draft-quant"), ("threads", "--threads")),
-                  select_hint="--engine llama.cpp with GGUF files")
+KIND = EngineKind(
+    load_pair,
+    _prepare_embedded,
+    _claims_auto,
+    _check_device,
+    anchor_names=("llama-server",),
+    owned_options=(("verify", "--verify"), ("draft_quant", "--draft-quant"), ("threads", "--threads")),
+    select_hint="--engine llama.cpp with GGUF files",
+)

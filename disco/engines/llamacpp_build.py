@@ -7,7 +7,6 @@ llama.cpp the in-process engine runs), cached under cache_root()/llama.cpp/llama
 engines/llamacpp_server.py runs it (the llama.cpp engine's anchor row in `disco compare`).
 """
 
-
 from __future__ import annotations
 
 import importlib.metadata
@@ -98,8 +97,11 @@ def server_binary(build: bool = True, progress: bool = True, version: str = SERV
 
 def _build_lock(folder: Path, progress: bool):
     """Exclusive cross-process lock for building into `folder`."""
-    return file_lock(folder.parent / f".{folder.name}.lock",
-                     f"waiting for another process building {folder.name}/llama-server", progress)
+    return file_lock(
+        folder.parent / f".{folder.name}.lock",
+        f"waiting for another process building {folder.name}/llama-server",
+        progress,
+    )
 
 
 def _find_tools() -> tuple[str, str | None]:
@@ -124,10 +126,22 @@ def _obtain_sdist(version: str, dest: Path, log) -> Path:
     if local:
         path = Path(local).expanduser()
         if not path.is_file():
-            raise DiscoError(f"{SDIST_ENV}={local} is not a file; point it at llama_cpp_python-{version}.tar.gz or unset it")
+            raise DiscoError(
+                f"{SDIST_ENV}={local} is not a file; point it at llama_cpp_python-{version}.tar.gz or unset it"
+            )
         return path
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-           f"llama-cpp-python=={version}", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        f"llama-cpp-python=={version}",
+        "-d",
+        str(dest),
+    ]
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
@@ -159,8 +173,9 @@ def _run_logged(cmd: Sequence[str], log, progress: bool, what: str) -> int:
     counter to stderr every ~20 s."""
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, errors="replace")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace"
+    )
     last_echo, last_step = time.monotonic(), ""
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -185,8 +200,11 @@ def _build(version: str, folder: Path, progress: bool) -> None:
     work.mkdir()
     t0 = time.perf_counter()
     if progress:
-        print(f"disco: building llama-server from llama-cpp-python {version}'s llama.cpp "
-              f"(one time, ~5-10 min on 2 cores); log: {log_path}", file=sys.stderr)
+        print(
+            f"disco: building llama-server from llama-cpp-python {version}'s llama.cpp "
+            f"(one time, ~5-10 min on 2 cores); log: {log_path}",
+            file=sys.stderr,
+        )
     try:
         with open(log_path, "w") as log:
             sdist = _obtain_sdist(version, work / "sdist", log)
@@ -200,7 +218,9 @@ def _build(version: str, folder: Path, progress: bool) -> None:
             cmd = [cmake, "--build", str(build), "--config", "Release", "--target", BINARY_NAME, "-j", str(BUILD_JOBS)]
             if _run_logged(cmd, log, progress, "building llama-server") != 0:
                 raise DiscoError(f"building llama-server failed (compiler error or out of memory?); see {log_path}")
-            built = next((p for p in (build / "bin" / BINARY_NAME, build / "bin" / "Release" / BINARY_NAME) if p.is_file()), None)
+            built = next(
+                (p for p in (build / "bin" / BINARY_NAME, build / "bin" / "Release" / BINARY_NAME) if p.is_file()), None
+            )
             if built is None:
                 raise DiscoError(f"the llama-server build finished without producing bin/{BINARY_NAME}; see {log_path}")
             elapsed = time.perf_counter() - t0

@@ -110,8 +110,14 @@ def sampler_fields(temperature: float, top_p: float, seed: int) -> dict[str, Any
     top-p, and nothing else (llama.cpp's default top-k 40 and min-p 0.05 off)."""
     if temperature == 0.0:
         return GREEDY_FIELDS
-    return {**GREEDY_FIELDS, "temperature": float(temperature), "top_k": 0, "top_p": float(top_p),
-            "samplers": ["temperature", "top_p"], "seed": int(seed)}
+    return {
+        **GREEDY_FIELDS,
+        "temperature": float(temperature),
+        "top_k": 0,
+        "top_p": float(top_p),
+        "samplers": ["temperature", "top_p"],
+        "seed": int(seed),
+    }
 
 
 class LlamaServer:
@@ -190,23 +196,42 @@ class LlamaServer:
         t = str(self.threads)
         cmd = [
             str(self.binary or BINARY_NAME),
-            "--host", "127.0.0.1", "--port", str(port),
-            "-m", str(self.target),
-            "-c", str(self.ctx),
-            "-t", t, "-tb", t,
-            "-np", "1",
-            "--cache-ram", "0",  # no host-memory prompt cache: every request is processed cold
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-m",
+            str(self.target),
+            "-c",
+            str(self.ctx),
+            "-t",
+            t,
+            "-tb",
+            t,
+            "-np",
+            "1",
+            "--cache-ram",
+            "0",  # no host-memory prompt cache: every request is processed cold
             "--no-webui",
-            "-fit", "off",  # keep exactly the -c we ask for
+            "-fit",
+            "off",  # keep exactly the -c we ask for
         ]
         if self.draft is not None:
             cmd += [
-                "-md", str(self.draft),
-                "--spec-type", "draft-simple",  # required: -md alone does not enable speculation
-                "--spec-draft-threads", t, "--spec-draft-threads-batch", t,
-                "--spec-draft-n-max", str(self.n_max),
-                "--spec-draft-n-min", str(self.n_min),
-                "--spec-draft-p-min", repr(self.p_min),
+                "-md",
+                str(self.draft),
+                "--spec-type",
+                "draft-simple",  # required: -md alone does not enable speculation
+                "--spec-draft-threads",
+                t,
+                "--spec-draft-threads-batch",
+                t,
+                "--spec-draft-n-max",
+                str(self.n_max),
+                "--spec-draft-n-min",
+                str(self.n_min),
+                "--spec-draft-p-min",
+                repr(self.p_min),
             ]
         return cmd + self.extra_args
 
@@ -226,8 +251,12 @@ class LlamaServer:
             self._log_fh.write(f"$ {' '.join(self.command(port))}\n")
             self._log_fh.flush()
             self._proc = subprocess.Popen(
-                self.command(port), stdout=self._log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
+                self.command(port),
+                stdout=self._log_fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
             self.port = port
             try:
@@ -251,7 +280,9 @@ class LlamaServer:
         while True:
             rc = self._proc.poll()
             if rc is not None:
-                raise DiscoError(f"llama-server exited with code {rc} while starting; last lines of {self.log_path}: {_tail(self.log_path)}")
+                raise DiscoError(
+                    f"llama-server exited with code {rc} while starting; last lines of {self.log_path}: {_tail(self.log_path)}"
+                )
             try:
                 with _OPENER.open(f"{self.url}/health", timeout=2) as resp:
                     if resp.status == 200 and json.loads(resp.read() or b"{}").get("status") == "ok":
@@ -437,17 +468,26 @@ class ServerAnchor:
 
     def start(self, stack: contextlib.ExitStack, progress: bool) -> None:
         binary = server_binary(progress=progress)
-        srv = LlamaServer(self.target.path, self.draft.path if self.spec else None, threads=self.target.threads,
-                          ctx=self.target.n_ctx, binary=binary, progress=progress, **self.spec)
+        srv = LlamaServer(
+            self.target.path,
+            self.draft.path if self.spec else None,
+            threads=self.target.threads,
+            ctx=self.target.n_ctx,
+            binary=binary,
+            progress=progress,
+            **self.spec,
+        )
         self.server = stack.enter_context(srv)
 
     def generate(self, prompt_ids: list[int], config, eos_token_ids: frozenset[int]) -> GenResult:
         """One completion, as a GenResult (its forward counts are not exposed)."""
-        r = self.server.complete(prompt_ids, config.max_new_tokens, temperature=config.temperature,
-                                 top_p=config.top_p, seed=config.seed)
+        r = self.server.complete(
+            prompt_ids, config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed
+        )
         tokens = eos_cut(r["tokens"], eos_token_ids)  # it stops at llama.cpp's end-of-generation tokens, as the loop
-        stats = GenStats(new_tokens=len(tokens), wall_s=r["wall_s"], drafted=r["draft_n"] or 0,
-                         accepted=r["draft_n_accepted"] or 0)
+        stats = GenStats(
+            new_tokens=len(tokens), wall_s=r["wall_s"], drafted=r["draft_n"] or 0, accepted=r["draft_n_accepted"] or 0
+        )
         return GenResult(tokens, stats)
 
 
@@ -455,11 +495,13 @@ def server_anchors(target, draft, tuned: dict | None) -> list[ServerAnchor]:
     """llama-server target-only, with -md at llama.cpp's defaults, and at `tuned` ({n_max, p_min}, tuned
     on validation prompts: bench/tune_llama_server.py) when given."""
     defaults = {"n_max": DRAFT_N_MAX, "n_min": DRAFT_N_MIN, "p_min": DRAFT_P_MIN}
-    rows = [ServerAnchor(SERVER_TARGET_LABEL, target, draft, {}),
-            ServerAnchor(f"{SERVER_LABEL} (defaults: n-max {DRAFT_N_MAX}, p-min {DRAFT_P_MIN:g})", target, draft,
-                         defaults)]
+    rows = [
+        ServerAnchor(SERVER_TARGET_LABEL, target, draft, {}),
+        ServerAnchor(f"{SERVER_LABEL} (defaults: n-max {DRAFT_N_MAX}, p-min {DRAFT_P_MIN:g})", target, draft, defaults),
+    ]
     if tuned:
         spec = {**defaults, **tuned}
-        rows.append(ServerAnchor(f"{SERVER_LABEL} (tuned: n-max {spec['n_max']}, p-min {spec['p_min']:g})", target,
-                                 draft, spec))
+        rows.append(
+            ServerAnchor(f"{SERVER_LABEL} (tuned: n-max {spec['n_max']}, p-min {spec['p_min']:g})", target, draft, spec)
+        )
     return rows

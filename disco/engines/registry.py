@@ -68,8 +68,9 @@ def check_compatible(target: Engine, draft: Engine) -> None:
     target.check_pairable(draft)
 
 
-def teacher_forced(engine: Engine | torch.nn.Module, ids: torch.Tensor, n_prompt: int,
-                   hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def teacher_forced(
+    engine: Engine | torch.nn.Module, ids: torch.Tensor, n_prompt: int, hidden: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(len(ids) - n_prompt, vocab): the model's logits predicting each output token of ids = prompt +
     output, from one forward without a cache (what the loop sees where every earlier token was accepted),
     and with `hidden` the last layer's states at the same positions (else None)."""

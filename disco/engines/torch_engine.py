@@ -76,14 +76,19 @@ def model_kind(model: torch.nn.Module) -> ModelKind:
         start = None
         if encoder_decoder:
             gen = getattr(model, "generation_config", None)
-            for value in (getattr(gen, "decoder_start_token_id", None), getattr(cfg, "decoder_start_token_id", None),
-                          getattr(cfg, "pad_token_id", None)):  # T5 starts its decoder with the pad token
+            for value in (
+                getattr(gen, "decoder_start_token_id", None),
+                getattr(cfg, "decoder_start_token_id", None),
+                getattr(cfg, "pad_token_id", None),
+            ):  # T5 starts its decoder with the pad token
                 if isinstance(value, int):
                     start = value
                     break
             if start is None:
-                raise DiscoError(f"{type(model).__name__} is an encoder-decoder without a decoder_start_token_id "
-                                 "in its config: set one")
+                raise DiscoError(
+                    f"{type(model).__name__} is an encoder-decoder without a decoder_start_token_id "
+                    "in its config: set one"
+                )
         kind = ModelKind(encoder_decoder, start, "logits_to_keep" in inspect.signature(model.forward).parameters)
         _KINDS[model] = kind
     return kind
@@ -95,13 +100,15 @@ def check_compatible(target: torch.nn.Module, draft: torch.nn.Module) -> None:
     t, d = model_kind(target), model_kind(draft)
     if t.encoder_decoder != d.encoder_decoder:
         which = lambda k: "an encoder-decoder" if k.encoder_decoder else "decoder-only"  # noqa: E731
-        raise DiscoError(f"the target is {which(t)} ({type(target).__name__}) but the draft is {which(d)} "
-                         f"({type(draft).__name__}): pick a draft of the target's family")
+        raise DiscoError(
+            f"the target is {which(t)} ({type(target).__name__}) but the draft is {which(d)} "
+            f"({type(draft).__name__}): pick a draft of the target's family"
+        )
     if t.decoder_start != d.decoder_start:
-        raise DiscoError(f"target and draft start their decoders with different tokens ({t.decoder_start} vs "
-                         f"{d.decoder_start}): pick a draft of the target's family")
-
-
+        raise DiscoError(
+            f"target and draft start their decoders with different tokens ({t.decoder_start} vs "
+            f"{d.decoder_start}): pick a draft of the target's family"
+        )
 
 
 def check_cache(cache: str, encoder_decoder: bool = False, name: str = "") -> None:
@@ -109,12 +116,13 @@ def check_cache(cache: str, encoder_decoder: bool = False, name: str = "") -> No
     if cache not in CACHES:
         raise DiscoError(f"unknown --cache {cache!r}: choose one of {', '.join(CACHES)}")
     if cache == "static" and encoder_decoder:
-        raise DiscoError(f"--cache static: {name} is an encoder-decoder, whose cache stays dynamic; use --cache "
-                         "dynamic or auto")
+        raise DiscoError(
+            f"--cache static: {name} is an encoder-decoder, whose cache stays dynamic; use --cache dynamic or auto"
+        )
 
 
 def resolve_cache(model: torch.nn.Module, cache: str) -> str:
-    """"static" or "dynamic": the cache a decode of `model` uses under the `--cache` choice."""
+    """ "static" or "dynamic": the cache a decode of `model` uses under the `--cache` choice."""
     encoder_decoder = model_kind(model).encoder_decoder
     check_cache(cache, encoder_decoder, type(model).__name__)
     if cache == "auto":
@@ -175,8 +183,9 @@ def _new_cache(model: torch.nn.Module, static_len: int | None = None):
     return cache
 
 
-def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, hidden_out: list | None = None,
-             call=None, **inputs) -> torch.Tensor:
+def _forward(
+    model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, hidden_out: list | None = None, call=None, **inputs
+) -> torch.Tensor:
     """Feed `ids` (n,) after what `cache` holds; return logits of the last `keep` positions, (keep, vocab).
 
     hidden_out: a list to append the last layer's states of those positions to, (keep, hidden).
@@ -189,8 +198,10 @@ def _forward(model: torch.nn.Module, cache, ids: torch.Tensor, keep: int, hidden
         inputs["logits_to_keep"] = keep
     if kind.encoder_decoder:
         if "encoder_outputs" not in inputs:
-            raise DiscoError(f"{type(model).__name__} is an encoder-decoder: drive it through TorchSession, "
-                             "which encodes the prompt once")
+            raise DiscoError(
+                f"{type(model).__name__} is an encoder-decoder: drive it through TorchSession, "
+                "which encodes the prompt once"
+            )
         inputs["decoder_input_ids"] = ids.unsqueeze(0)
     else:
         inputs["input_ids"] = ids.unsqueeze(0)
@@ -209,9 +220,17 @@ class TorchSession:
     (`ids`); this class maps them onto the model's sequence. When a cache cannot be rolled back
     (crop fails), it is dropped and the kept tokens are re-run on the next forward (`recomputed`)."""
 
-    def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, use_cache: bool = True,
-                 hidden: bool = False, capacity: int | None = None, cache: str = "dynamic",
-                 static_cache=None, steps: CapturedSteps | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        prompt: torch.Tensor,
+        use_cache: bool = True,
+        hidden: bool = False,
+        capacity: int | None = None,
+        cache: str = "dynamic",
+        static_cache=None,
+        steps: CapturedSteps | None = None,
+    ) -> None:
         self.model, self.n_prompt = model, len(prompt)
         kind = model_kind(model)
         self.inputs: dict = {}
@@ -225,9 +244,13 @@ class TorchSession:
         # the model's sequence is prefix + output: a static cache holds the prompt's capacity less the prompt
         self._static_len = capacity - self.n_prompt + len(self.prefix) if cache == "static" else None
         # static_cache: one handed over by the engine (reused between decodes, emptied)
-        self.cache = static_cache if static_cache is not None else _new_cache(model, self._static_len) if use_cache else None
+        self.cache = (
+            static_cache if static_cache is not None else _new_cache(model, self._static_len) if use_cache else None
+        )
         self.steps = steps  # captured steps (static caches only): feeds padded to their buckets
-        self.length = 0  # tokens of the model's sequence in the cache (kept here: a static cache's own count is a tensor)
+        self.length = (
+            0  # tokens of the model's sequence in the cache (kept here: a static cache's own count is a tensor)
+        )
         self.recomputed = 0  # tokens re-run because the cache could not be rolled back
         self.padded = 0  # filler tokens fed to pad a forward up to its bucket (captured steps)
         self.want_hidden = hidden  # keep the last layer's states of every forward (hidden())
@@ -327,22 +350,26 @@ class TorchEngine:
         CUDA); they need the static cache."""
         cache = resolve_cache(self.model, self.cache)
         if compile and cache != "static":
-            raise DiscoError(f"--compile needs static caches, but {type(self.model).__name__} runs on a dynamic "
-                             "one here: add --cache static (decoder-only models), or --no-compile")
+            raise DiscoError(
+                f"--compile needs static caches, but {type(self.model).__name__} runs on a dynamic "
+                "one here: add --cache static (decoder-only models), or --no-compile"
+            )
         on = cache == "static" and next(self.model.parameters()).device.type == "cuda" if compile is None else compile
         self.steps = CapturedSteps(self.model, buckets) if on else None
         self._static, self._static_len = None, 0
         return self
 
-    def session(self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False,
-                capacity: int | None = None) -> TorchSession:
+    def session(
+        self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False, capacity: int | None = None
+    ) -> TorchSession:
         """capacity: prompt + output positions the decode can reach (a static cache is allocated for
         them; without it the cache is dynamic)."""
         cache = resolve_cache(self.model, self.cache) if capacity is not None and use_cache else "dynamic"
         if cache != "static" or self.steps is None:
             return TorchSession(self.model, prompt, use_cache, hidden, capacity, cache)
-        state = TorchSession(self.model, prompt, use_cache, hidden, capacity, cache, self._reused_cache(capacity),
-                           self.steps)
+        state = TorchSession(
+            self.model, prompt, use_cache, hidden, capacity, cache, self._reused_cache(capacity), self.steps
+        )
         self._holder = weakref.ref(state)
         return state
 
@@ -403,8 +430,12 @@ class TorchEngine:
         return int(getattr(cfg, "hidden_size", None) or cfg.d_model)
 
     def describe(self) -> dict:
-        return {"name": self.name, "version": torch.__version__, "cache": resolve_cache(self.model, self.cache),
-                "captured_steps": list(self.steps.buckets) if self.steps is not None else None}
+        return {
+            "name": self.name,
+            "version": torch.__version__,
+            "cache": resolve_cache(self.model, self.cache),
+            "captured_steps": list(self.steps.buckets) if self.steps is not None else None,
+        }
 
     def check_pairable(self, draft: TorchEngine) -> None:
         check_compatible(self.model, draft.model)
@@ -457,8 +488,10 @@ def load_pair(options: PairOptions) -> PairParts:
     kinds = [bool(getattr(c, "is_encoder_decoder", False)) for c in configs]
     if kinds[0] != kinds[1]:  # refuse before loading any weights
         role = lambda enc: "an encoder-decoder" if enc else "decoder-only"  # noqa: E731
-        raise DiscoError(f"target {names[0]} is {role(kinds[0])} but draft {names[1]} is {role(kinds[1])}: "
-                         "pick a draft of the target's family")
+        raise DiscoError(
+            f"target {names[0]} is {role(kinds[0])} but draft {names[1]} is {role(kinds[1])}: "
+            "pick a draft of the target's family"
+        )
     check_cache(cache, kinds[0], names[0])  # before any weights load
     if kinds[0] and dev.type == "cpu" and cpu_backend in _PACKED_CPU_BACKENDS:
         if cpu_backend == "int8":
@@ -471,7 +504,9 @@ def load_pair(options: PairOptions) -> PairParts:
         apply_cpu_backend(draft_model, cpu_backend)
     for model in (target_model, draft_model):
         TorchEngine.of(model).set_cache(cache).set_compile(options.compile)
-    return PairParts(target_model, draft_model, target_tok, names[0], names[1], dev, dt, eos_ids(target_model, target_tok))
+    return PairParts(
+        target_model, draft_model, target_tok, names[0], names[1], dev, dt, eos_ids(target_model, target_tok)
+    )
 
 
 def _prepare_embedded(install: bool) -> dict:
@@ -484,14 +519,24 @@ def _check_device(device: str) -> None:
 
 
 HF_LABEL = "transformers"  # transformers' own generate(assistant_model=draft) with its defaults
-KIND = EngineKind(load_pair, _prepare_embedded, claims_auto=lambda target, draft, cuda: True,
-                  check_device=_check_device, anchor_names=(HF_LABEL,),
-                  owned_options=(("cache", "--cache"), ("cpu_backend", "--cpu-backend"), ("dtype", "--dtype"),
-                                 ("compile", "--compile")),
-                  select_hint="--engine torch")
+KIND = EngineKind(
+    load_pair,
+    _prepare_embedded,
+    claims_auto=lambda target, draft, cuda: True,
+    check_device=_check_device,
+    anchor_names=(HF_LABEL,),
+    owned_options=(
+        ("cache", "--cache"),
+        ("cpu_backend", "--cpu-backend"),
+        ("dtype", "--dtype"),
+        ("compile", "--compile"),
+    ),
+    select_hint="--engine torch",
+)
 
 
 # --- the anchor: transformers' own assisted generation ------------------------------------------------
+
 
 class _CallCounter:
     """Counts a module's forward calls (transformers' loop hides them from us)."""
@@ -528,16 +573,23 @@ class AssistedGeneration:
         saved = copy.deepcopy(pair.draft.generation_config)
         counters = (_CallCounter(pair.target), _CallCounter(pair.draft))
         ids = torch.tensor([prompt_ids], device=pair.device)
-        sampling = ({"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
-                    if config.temperature > 0 else {"do_sample": False})
+        sampling = (
+            {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+            if config.temperature > 0
+            else {"do_sample": False}
+        )
         try:
             torch.manual_seed(config.seed)
             sync(pair.device)
             t0 = time.perf_counter()
             with torch.inference_mode():
                 out = pair.target.generate(
-                    ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft, **sampling,
-                    max_new_tokens=config.max_new_tokens, eos_token_id=sorted(eos_token_ids),
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    assistant_model=pair.draft,
+                    **sampling,
+                    max_new_tokens=config.max_new_tokens,
+                    eos_token_id=sorted(eos_token_ids),
                     pad_token_id=pair.tokenizer.pad_token_id,
                 )
             sync(pair.device)
@@ -547,7 +599,11 @@ class AssistedGeneration:
                 c.close()
             pair.draft.generation_config = saved
         # a decoder-only output repeats the prompt; an encoder-decoder's starts with the decoder start token
-        tokens = out[0, 1 if pair.target.config.is_encoder_decoder else len(prompt_ids):].tolist()
-        stats = GenStats(new_tokens=len(tokens), wall_s=wall,
-                         target_forwards=counters[0].calls - 1, draft_forwards=counters[1].calls - 1)  # minus prefill
+        tokens = out[0, 1 if pair.target.config.is_encoder_decoder else len(prompt_ids) :].tolist()
+        stats = GenStats(
+            new_tokens=len(tokens),
+            wall_s=wall,
+            target_forwards=counters[0].calls - 1,
+            draft_forwards=counters[1].calls - 1,
+        )  # minus prefill
         return GenResult(tokens, stats)
