@@ -55,6 +55,12 @@ def _from_pretrained_args(source: str) -> tuple[str, dict]:
     return source, {}  # a hub model id: transformers downloads it (users have the network)
 
 
+def _first_line(e: Exception) -> str:
+    """What a loader's error says, in one line (transformers' messages run to paragraphs)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def load_config(source: str):
     """The model's transformers config (small: read before any weights)."""
     from transformers import AutoConfig
@@ -63,8 +69,7 @@ def load_config(source: str):
     try:
         return AutoConfig.from_pretrained(name, **extra)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DiscoError(f"could not load the config of model {source!r}: {first}") from e
+        raise DiscoError(f"could not load the config of model {source!r}: {_first_line(e)}") from e
 
 
 def load_model(source: str, device: torch.device, dtype: torch.dtype, config=None) -> torch.nn.Module:
@@ -77,8 +82,7 @@ def load_model(source: str, device: torch.device, dtype: torch.dtype, config=Non
     try:
         model = auto.from_pretrained(name, config=config, dtype=dtype, **extra)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DiscoError(f"could not load model {source!r}: {first}") from e
+        raise DiscoError(f"could not load model {source!r}: {_first_line(e)}") from e
     return model.to(device).eval()
 
 
@@ -89,8 +93,7 @@ def load_tokenizer(source: str):
     try:
         return AutoTokenizer.from_pretrained(name, **extra)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DiscoError(f"could not load the tokenizer of {source!r}: {first}") from e
+        raise DiscoError(f"could not load the tokenizer of {source!r}: {_first_line(e)}") from e
 
 
 def _special_tokens(tok) -> dict:
