@@ -63,6 +63,9 @@ class ModelKind:
     encoder_decoder: bool  # the prompt goes through the encoder once; the decoder is the language model
     decoder_start: int | None  # first decoder token (encoder-decoders only)
     logits_to_keep: bool  # forward() takes logits_to_keep; without it the loop slices the logits itself
+    # the KV cache keyword: "cache" since transformers 5.20, "past_key_values" before (vLLM's CPU build pins < 5.20,
+    # the lent GPU image carries 5.17)
+    cache_arg: str = "cache"
 
 
 _KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -89,7 +92,9 @@ def model_kind(model: torch.nn.Module) -> ModelKind:
                     f"{type(model).__name__} is an encoder-decoder without a decoder_start_token_id "
                     "in its config: set one"
                 )
-        kind = ModelKind(encoder_decoder, start, "logits_to_keep" in inspect.signature(model.forward).parameters)
+        params = inspect.signature(model.forward).parameters
+        cache_arg = "cache" if "cache" in params or "past_key_values" not in params else "past_key_values"
+        kind = ModelKind(encoder_decoder, start, "logits_to_keep" in params, cache_arg)
         _KINDS[model] = kind
     return kind
 
@@ -205,7 +210,7 @@ def _forward(
         inputs["decoder_input_ids"] = ids.unsqueeze(0)
     else:
         inputs["input_ids"] = ids.unsqueeze(0)
-    out = (call or model)(**inputs, cache=cache, use_cache=cache is not None)
+    out = (call or model)(**inputs, **{kind.cache_arg: cache}, use_cache=cache is not None)
     if hidden_out is not None:
         states = out.decoder_hidden_states if kind.encoder_decoder else out.hidden_states
         hidden_out.append(states[-1][0, -keep:])
