@@ -119,6 +119,8 @@ def check_engine_options(o: dict[str, Any]) -> str:
         if owner == engine:
             continue
         for name, flag in kind.owned_options:
+            if name in ENGINE_KINDS[engine].shares_options:
+                continue
             value = given.get(name, getattr(defaults, name))  # as given (a pair file sets no engine option)
             if value != getattr(defaults, name):
                 shown = (

@@ -26,6 +26,7 @@ from disco.defaults import (
     DEFAULT_BALANCED,
     DEFAULT_CACHE,
     DEFAULT_COMPARE_OUT,
+    DEFAULT_CONCURRENCY,
     DEFAULT_CONTEXT,
     DEFAULT_CPU_BACKEND,
     DEFAULT_CROSS_TASK,
@@ -54,6 +55,8 @@ from disco.defaults import (
     DEFAULT_VAL_FRACTION,
     DEFAULT_VERIFY,
     DEFAULT_VERIFY_SLOPE,
+    DEFAULT_VLLM_FIXED_K,
+    DEFAULT_VLLM_MAX_SEQS,
     DEFAULT_WARMUP,
     DEMO_MAX_NEW_TOKENS,
     DEMO_PER_TASK,
@@ -402,11 +405,23 @@ def compare(
         "--seed + 1, …); the table shows the speedups' spread over them.",
     ),
     chat: Optional[bool] = _CHAT_OPT,
+    concurrency: str = typer.Option(
+        DEFAULT_CONCURRENCY,
+        help="vLLM: requests submitted together, comma-separated levels (each a run of every row).",
+    ),
+    fixed_k: str = typer.Option(
+        str(DEFAULT_VLLM_FIXED_K),
+        help="vLLM: its own draft-model decoding at these fixed lengths, comma-separated (e.g. 3 and the tuned one).",
+    ),
+    load_profile: Optional[Path] = typer.Option(
+        None, help="vLLM: a load profile (disco profile --engine vllm): the cost rules decide per batch."
+    ),
     options: PairOptions = None,
 ) -> None:
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
-    (transformers' generate(assistant_model=…) on torch; llama-server -md on llama.cpp). Greedy by
-    default; with --temperature, every prompt under --seeds seeds."""
+    (transformers' generate(assistant_model=…) on torch; llama-server -md on llama.cpp; on vLLM its
+    target-only and draft-model decoding, and each policy inside vLLM as disco's proposer, at each
+    --concurrency). Greedy by default; with --temperature, every prompt under --seeds seeds."""
     check_options("compare", locals())
     from disco.compare import check_seeds, default_entries, format_table, run_compare, select_entries
     from disco.pair import apply_pair_file, load_pair
@@ -445,9 +460,31 @@ def compare(
         more_classifiers=classifiers[1:],
     )
     entries = select_entries(entries, policies)
+    if pair.serving:  # vLLM decodes by itself: its rows run groups of prompts submitted together
+        from disco.cost import CostModel
+        from disco.serving import run_serving_compare
+
+        levels, lengths = _int_list(concurrency, "--concurrency"), _int_list(fixed_k, "--fixed-k")
+        load = CostModel.load(load_profile) if load_profile is not None else None
+        settings = {"fixed_k": [(k, "") for k in lengths]}
+        served = run_serving_compare(pair, items, entries, config, out, levels, chat, settings=settings, load=load)
+        for c, result in served["concurrency"].items():
+            typer.echo(f"\n{c} request(s) at a time:\n" + format_table(result["summary"]))
+        _say(f"wrote {out}/table.md and c*/compare.json, table.md, plots")
+        return
     result = run_compare(pair, items, entries, config, out, chat, seeds=seeds)
     typer.echo(format_table(result["summary"]))
     _say(f"wrote {out}/compare.json, table.md and plots")
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise DiscoError(f"{flag} {text!r}: give positive whole numbers, comma-separated (e.g. 1,8)")
+    return values
 
 
 @app.command(short_help="Oracle traces: draft features with accept/reject labels.")
@@ -580,9 +617,13 @@ def profile(
     context: int = typer.Option(DEFAULT_CONTEXT, help="Prompt tokens in the KV cache while timing."),
     repeats: int = typer.Option(DEFAULT_REPEATS, help="Timed forwards per measurement (the median is kept)."),
     warmup: int = typer.Option(DEFAULT_WARMUP, help="Untimed forwards before each measurement."),
+    max_batch: int = typer.Option(
+        DEFAULT_VLLM_MAX_SEQS, help="vLLM: time steps of up to this many requests (the load profile's c_step)."
+    ),
     options: PairOptions = None,
 ) -> None:
-    """Measure the pair's cost model on this machine: draft step c_d, target verification c_t(k)."""
+    """Measure the pair's cost model on this machine: draft step c_d, target verification c_t(k); on vLLM
+    also the step cost by the tokens of all requests in it (c_step: what the cost rules use under load)."""
     check_options("profile", locals())
     from disco.files import atomic_write_json, write_or_rescue
     from disco.pair import load_pair
@@ -590,7 +631,12 @@ def profile(
 
     _say("loading the pair …")
     pair = load_pair(options)
-    result = profile_pair(pair, max_window, context, repeats, warmup)
+    if pair.serving:  # vLLM: its step cost by the tokens in a step, requests x (window + 1)
+        from disco.serving import profile_load
+
+        result = profile_load(pair, max_window, context, max_batch)
+    else:
+        result = profile_pair(pair, max_window, context, repeats, warmup)
     path = out if out is not None else default_profile_path(pair)
     typer.echo(format_profile(result))  # first: a failed write below then loses nothing
     write_or_rescue(path, lambda p: atomic_write_json(p, result), "profile")

@@ -26,6 +26,9 @@ class CostModel:
     c_d: float  # one draft forward (one token)
     c_t: tuple[float, ...]  # c_t[k - 1]: one target forward over k tokens, k = 1 .. len(c_t)
     source: str = "default"  # where the numbers come from: "default" or the profile's path
+    # a serving engine's load profile (vLLM): c_step[t - 1] = one target step over t tokens in all, the
+    # batch's requests together (t = requests x (window + 1)); empty for a batch-of-one engine
+    c_step: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.c_d < 0 or not self.c_t or min(self.c_t) <= 0:
@@ -50,10 +53,37 @@ class CostModel:
     @classmethod
     def from_dict(cls, data: dict, source: str) -> CostModel:
         """From the {c_d, c_t} of a profile file or an artifact's manifest, named `source`."""
-        return cls(float(data["c_d"]), tuple(float(x) for x in data["c_t"]), source)
+        return cls(
+            float(data["c_d"]),
+            tuple(float(x) for x in data["c_t"]),
+            source,
+            tuple(float(x) for x in data.get("c_step", ())),
+        )
 
     def to_dict(self) -> dict:
-        return {"c_d": self.c_d, "c_t": list(self.c_t), "source": self.source}
+        out = {"c_d": self.c_d, "c_t": list(self.c_t), "source": self.source}
+        return {**out, "c_step": list(self.c_step)} if self.c_step else out
+
+    def at_load(self, batch: int, max_window: int = DEFAULT_MAX_WINDOW) -> CostModel:
+        """The cost model of one request in a step of `batch` requests (docs/architecture.md, "vLLM"), for
+        the cost rules, which weigh a window's expected tokens against its extra cost at the rate of a
+        target-only step, rho = 1 / c_t(1). Here a target-only step yields `batch` tokens for C(batch), so
+        the request's share is c_t(1) = C(batch) / batch; a window of k drafts adds what k more tokens add
+        to the whole step, C(batch + k) - C(batch) (the others taken at one token each); and its draft
+        tokens cost c_d each (the proposer drafts request by request). Batch 1 is the profile itself.
+        Windows of up to max_window drafts (the rules look no further)."""
+        if not self.c_step:
+            raise DiscoError(f"the cost model ({self.source}) has no load profile (c_step): profile with --engine vllm")
+        c = self.c_step
+        room = min(len(c) - batch + 1, max_window + 1)  # the widest window it covers at this load, plus one
+        if room < 2:
+            raise DiscoError(
+                f"the load profile ({self.source}) covers steps of up to {len(c)} tokens, not {batch} requests "
+                "with a draft each: profile with a larger --max-batch"
+            )
+        base = c[batch - 1]
+        c_t = tuple(base / batch + c[batch - 2 + k] - base for k in range(1, room + 1))
+        return CostModel(self.c_d, c_t, f"{self.source} at {batch} requests", self.c_step)
 
     def verify(self, k: int) -> float:
         if k > len(self.c_t):

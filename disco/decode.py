@@ -81,7 +81,7 @@ def _pick(probs: torch.Tensor, greedy: bool, gen: torch.Generator | None) -> tor
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
-class _Drafter:
+class Drafter:
     """The draft model's side of the live loop: its session, opened (and prefilled) at the first window,
     since a policy may never draft, and the current window's tokens and distributions."""
 
@@ -167,7 +167,7 @@ def speculative_generate(
     target_session = target.session(ids, capacity=capacity)
     target_session.prefill()  # everything but the pending (last) token
     want_hidden = policy is not None and max_window > 0 and policy.needs_hidden
-    drafter = _Drafter(draft, len(prompt_ids), want_hidden, capacity, config, gen)
+    drafter = Drafter(draft, len(prompt_ids), want_hidden, capacity, config, gen)
     sync(device)
     stats.prefill_s = time.perf_counter() - t0
     out: list[int] = []

@@ -69,8 +69,10 @@ DEFAULT_DEMO_OUT = "runs/demo"
 DEFAULT_PREPARE_ENGINE = "llama.cpp"  # `models prepare`: assemble the GGUFs (torch also converts them)
 
 # --- loading a pair (options.PairOptions; each engine reads the fields it owns) -----------------
-ENGINES = ("auto", "torch", "llama.cpp")  # engines.ENGINES: the registry's names, plus auto
-DEFAULT_ENGINE = "auto"  # llama.cpp for GGUF files on the CPU, torch otherwise (engines.resolve_engine)
+ENGINES = ("auto", "torch", "llama.cpp", "vllm")  # engines.ENGINES: the registry's names, plus auto
+DEFAULT_ENGINE = (
+    "auto"  # llama.cpp for GGUF files on the CPU, torch otherwise (engines.resolve_engine); vllm when named
+)
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_DEVICE = "auto"  # cuda if available, else cpu
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
@@ -91,3 +93,9 @@ VERIFY_MODES = ("fast", "exact")  # llama.cpp engine
 DEFAULT_VERIFY = "exact"  # lossless by default (engines/llamacpp.py docstring, bench/RESULTS.md "llama.cpp engine")
 DRAFT_QUANT_CHOICES = ("auto", "none", "q4_0", "q8_0")  # llama.cpp engine: engines.llamacpp.DRAFT_QUANTS + auto, none
 DEFAULT_DRAFT_QUANT = "auto"  # q4_0 for the embedded pair, else the draft as it is
+
+# --- vLLM, the serving engine (engines/vllm.py, serving.py) -------------------------------------
+DEFAULT_VLLM_KV_GIB = 1.0  # host RAM (GiB) each vLLM instance reserves for its KV cache on CPUs
+DEFAULT_CONCURRENCY = "1,8"  # compare --engine vllm: requests submitted together, one run per level
+DEFAULT_VLLM_MAX_SEQS = 8  # requests one vLLM instance runs at once at least (more when --concurrency asks)
+DEFAULT_VLLM_FIXED_K = 3  # vLLM's own draft-model rows: this fixed length, and the tuned one

@@ -78,6 +78,8 @@ class Engine(Protocol):
 
     def variants(self) -> list[Variant]: ...  # other settings compare runs the main rows in (llama.cpp: fast)
 
+    def spare(self) -> Engine: ...  # an engine for one more concurrent session (serving: a draft per request)
+
 
 class Anchor(Protocol):
     """A row of `disco compare` decoded by the engine's own speculative decoding, not disco's loop
@@ -126,6 +128,12 @@ class EngineKind:
     # the PairOptions fields only this engine reads, with their flags: refused on another engine (checks.py)
     owned_options: tuple[tuple[str, str], ...] = ()
     select_hint: str = ""  # how a user runs a pair on this engine, e.g. "--engine torch"
+    # other engines' PairOptions fields this one reads too (vLLM: the dtype it loads, its llama.cpp draft's
+    # threads and quantization): not refused on it
+    shares_options: tuple[str, ...] = ()
+    # decodes by itself (vLLM): not driven by disco's loop; compare runs its serving rows, groups of prompts
+    # submitted together (serving.py)
+    serving: bool = False
 
 
 # describe() fields that change how fast an engine runs, not the numbers it computes: llama.cpp's

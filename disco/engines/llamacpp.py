@@ -286,6 +286,13 @@ class LlamaCppEngine:
 
         return server_anchors(self, pair.draft, settings.get("server_tuned"))
 
+    def spare(self) -> LlamaCppEngine:
+        """Another context on the same file: a llama.cpp context holds one KV cache, so concurrent
+        sessions (one per request in vLLM's proposer) each need their own (the weights are mmapped)."""
+        return LlamaCppEngine(
+            self.path, self.threads, self.verify, self.n_ctx, self.n_batch, self.repack, self.n_ubatch
+        )
+
     def variants(self) -> list[Variant]:
         """In exact verification, compare also runs the tuned rules and the bound verifying in batches."""
         return [Variant(FAST_SUFFIX, lambda pair: verify_mode(pair, "fast"))] if self.verify == "exact" else []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from disco.defaults import ENGINES
-from disco.engines import llamacpp, torch_engine
+from disco.engines import llamacpp, torch_engine, vllm
 from disco.engines.base import Engine, EngineKind, PairParts
 from disco.errors import DiscoError
 from disco.options import PairOptions
@@ -19,6 +19,7 @@ from disco.pair_files import apply_pair_file
 ENGINE_KINDS: dict[str, EngineKind] = {
     "llama.cpp": llamacpp.KIND,
     "torch": torch_engine.KIND,  # claims every pair: the fallback of auto
+    "vllm": vllm.KIND,  # only when named (an optional install); claims nothing under auto
 }
 assert set(ENGINES) == {"auto", *ENGINE_KINDS}, "defaults.ENGINES lists the registry's names, for --help"
 ANCHOR_NAMES = tuple(name for kind in ENGINE_KINDS.values() for name in kind.anchor_names)

@@ -456,6 +456,10 @@ class TorchEngine:
             hw += "-static"
         return hw
 
+    def spare(self) -> TorchEngine:
+        """This engine: its sessions without a captured static cache each own their KV cache."""
+        return self
+
     def anchors(self, pair, settings: dict) -> list[AssistedGeneration]:
         return [AssistedGeneration(pair)]
 

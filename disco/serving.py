@@ -1,0 +1,470 @@
+"""disco's policy inside vLLM's speculative decoding, and `disco compare --engine vllm` (docs/architecture.md, "vLLM").
+
+vLLM loads the proposer by name:
+
+    speculative_config = {"method": "custom_class", "model": "disco.serving.DiscoProposer",
+                          "num_speculative_tokens": MAX}
+
+and at every step asks it for each running request's draft tokens, which vLLM then verifies in one batched
+target forward. For each request the proposer keeps a draft session (its own KV cache on a disco engine) and
+a policy, and runs disco's round (rounds.draft_window, the same code as disco's loop): draft a token, ask the
+policy, go on or stop; so each request gets its own number of draft tokens. What vLLM accepted is read back
+from the request's tokens at the next step (the leading run of drafts it kept) and told to the policy.
+
+Load awareness: given a vLLM load profile (`disco profile --engine vllm`: the target's step time by the
+tokens in the step), the cost rules decide with the cost model of the batch they are in (CostModel.at_load):
+a request's extra draft token costs what it adds to the whole step, so under load they draft less or not at all.
+
+The policy and pair come from the process (compare sets them: vLLM's engine core runs in-process) or, under
+`vllm serve`, from the JSON file named by DISCO_VLLM_POLICY (README, "Serving with vLLM").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from disco.cost import CostModel
+from disco.decode import DecodeConfig, Drafter
+from disco.defaults import DEFAULT_VLLM_MAX_SEQS
+from disco.engines.vllm import ServingRow, SpecConfig
+from disco.errors import DiscoError
+from disco.pair import Pair
+from disco.policies import PolicySpec
+from disco.policy import StoppingPolicy, decide_now
+from disco.rounds import draft_window, end_round, leading_run
+from disco.stats import GenResult, GenStats
+
+PROPOSER = "disco.serving.DiscoProposer"
+ENV = "DISCO_VLLM_POLICY"  # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "pair": {...}, "profile": ...}
+GREEDY = DecodeConfig()  # the proposer drafts each request's most likely tokens (vLLM verifies, also when sampling)
+STALE_STEPS = 4  # a request absent from this many steps in a row has finished: its draft session is freed
+
+
+@dataclass
+class Shared:
+    """What this process's proposer drafts with (set by compare before vLLM builds it, or read from ENV)."""
+
+    pair: Pair | None = None  # the draft engine, the tokenizer (token classes), the names the artifact checks
+    policy: PolicySpec = field(default_factory=lambda: PolicySpec("threshold"))
+    load: CostModel | None = None  # a vLLM load profile (c_step): the cost rules decide per batch
+    proposer: DiscoProposer | None = None  # the live proposer (compare reads its counts)
+
+
+SHARED = Shared()
+
+
+class _Request:
+    """One running request as the proposer sees it: its prompt, draft session and policy."""
+
+    def __init__(self, prompt: np.ndarray, engine, policy: StoppingPolicy | None, hidden: bool) -> None:
+        self.prompt = prompt  # the tokens before the first draft (prompt + first sampled token)
+        self.engine = engine
+        self.policy = policy
+        self.drafter = Drafter(engine, len(prompt) - 1, hidden, None, GREEDY, None)
+        self.fed = np.empty(0, dtype=np.int64)  # the tokens the draft session holds, in order
+        self.proposed: list[int] = []  # the last window sent to vLLM
+        self.n_before = 0  # the request's length when that window was drafted
+        self.absent = 0  # steps in a row it was not seen
+        self.reported = False  # its counts were handed to compare
+        self.stats = GenStats()
+
+    def matches(self, ctx: np.ndarray) -> bool:
+        n = len(self.prompt)
+        return len(ctx) >= n and bool(np.array_equal(ctx[:n], self.prompt))
+
+
+class DiscoProposer:
+    """vLLM's custom_class proposer running a disco policy per request."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.k_max = int(vllm_config.speculative_config.num_speculative_tokens)
+        if SHARED.pair is None:
+            _load_shared_from_env()
+        assert SHARED.pair is not None
+        self.pair = SHARED.pair
+        self.requests: list[_Request] = []
+        self.spare_engines: list[Any] = [self.pair.draft]  # draft engines not held by a request
+        self._rows: list[_Request | None] = []  # the request of each row at the last step
+        self._view: CostModel | None = None
+        self.set_policy(SHARED.policy, SHARED.load)
+        SHARED.proposer = self
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass  # vLLM hands over its target; the draft is disco's own engine (loaded with the pair)
+
+    def set_policy(self, spec: PolicySpec, load: CostModel | None = None) -> None:
+        """Decide with `spec` from now on (compare's rows switch it between runs); requests start afresh."""
+        if spec.kind.needs_target_tokens:
+            raise DiscoError(f"the {spec.name} policy needs the target's output in advance: not in vLLM")
+        self.spec, self.load = spec, load
+        self._template = spec.build(pair=self.pair, max_window=self.k_max)
+        self._views: dict[int, CostModel] = {}
+        for r in self.requests:
+            self._release(r)
+        self.requests = []
+        self.finished: list[_Request] = []  # requests no longer running (their counts, for compare)
+        self._rows = []
+        self.decide_s = 0.0  # in the policy (features, model, rule): the decision-cost figure
+        self.forward_s = 0.0  # in draft forwards
+        self.draft_s = 0.0  # in propose() altogether (rollback, drafting, deciding)
+        self.steps = 0
+
+    def _policy(self) -> StoppingPolicy | None:
+        t = self._template
+        if t is None:
+            return None
+        return t.fresh() if hasattr(t, "fresh") else self.spec.build(pair=self.pair, max_window=self.k_max)
+
+    def _release(self, r: _Request) -> None:
+        self.finished.append(r)
+        self.spare_engines.append(r.engine)
+
+    def stats_for(self, prompt: list[int]) -> GenStats | None:
+        """The counts of the request that began with `prompt` (compare: each prompt's windows), once."""
+        for r in [*self.finished, *self.requests]:
+            if len(r.prompt) > len(prompt) and r.prompt[: len(prompt)].tolist() == prompt and not r.reported:
+                r.reported = True
+                return r.stats
+        return None
+
+    def _request_for(self, ctx: np.ndarray, hint: _Request | None, used: set[int]) -> _Request:
+        """The request whose prompt begins `ctx` (vLLM passes rows, not request ids: rows move as requests
+        finish), or a new one. Requests with the same prompt are interchangeable under greedy decoding."""
+        for r in [hint, *self.requests] if hint is not None else self.requests:
+            if r is not None and id(r) not in used and r.matches(ctx):
+                return r
+        engine = self.spare_engines.pop() if self.spare_engines else self.pair.draft.spare()
+        policy = self._policy()
+        r = _Request(ctx.copy(), engine, policy, bool(policy is not None and policy.needs_hidden))
+        self.requests.append(r)
+        return r
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+        **kwargs: Any,
+    ) -> list[list[int]]:
+        """Each running request's draft tokens for this step (vLLM 0.32's custom_class interface: row i's
+        tokens so far are token_ids_cpu[i, :num_tokens_no_spec[i]], this step's sampled ones included)."""
+        t0 = time.perf_counter()
+        self.steps += 1
+        self._view = self._load_view(sum(1 for s in sampled_token_ids if s))
+        out: list[list[int]] = []
+        rows: list[_Request | None] = []
+        used: set[int] = set()
+        for i, sampled in enumerate(sampled_token_ids):
+            if not sampled:  # a request still in its prompt: nothing to draft from
+                out.append([])
+                rows.append(None)
+                continue
+            ctx = token_ids_cpu[i, : int(num_tokens_no_spec[i])]
+            r = self._request_for(ctx, self._rows[i] if i < len(self._rows) else None, used)
+            used.add(id(r))
+            rows.append(r)
+            out.append(self._draft(r, ctx))
+        self._rows = rows
+        for r in self.requests:
+            r.absent = 0 if id(r) in used else r.absent + 1
+        for r in [r for r in self.requests if r.absent >= STALE_STEPS]:
+            self.requests.remove(r)
+            self._release(r)
+        self.draft_s += time.perf_counter() - t0
+        return out
+
+    def _load_view(self, batch: int) -> CostModel | None:
+        """The cost rules' cost model for a step of `batch` requests: the load profile's view (CostModel.at_load)."""
+        if self.load is None or batch < 1:
+            return None
+        if batch not in self._views:
+            self._views[batch] = self.load.at_load(batch, self.k_max)
+        return self._views[batch]
+
+    def _draft(self, r: _Request, ctx: np.ndarray) -> list[int]:
+        """One request's round: (5) tell its policy how much of the last window vLLM kept, roll its draft
+        session back to the tokens vLLM kept, (1) draft the next window under the policy."""
+        if r.proposed:
+            kept = ctx[r.n_before : r.n_before + len(r.proposed)]
+            accepted = leading_run(torch.from_numpy(kept == np.asarray(r.proposed[: len(kept)])))
+            end_round(r.policy, r.stats, len(r.proposed), accepted, None)  # vLLM keeps the target's logits
+            r.proposed = []
+        if self._view is not None and isinstance(getattr(r.policy, "cost", None), CostModel):
+            r.policy.cost = self._view  # type: ignore[union-attr]  # the batch this step is in
+        m = min(len(r.fed), len(ctx))
+        agree = r.fed[:m] == ctx[:m]
+        same = m if agree.all() else int(np.argmin(agree))  # the draft's tokens still on the request's path
+        if r.drafter.session is not None:
+            r.drafter.session.truncate(same)
+        r.fed = r.fed[:same]
+        ids = torch.from_numpy(ctx.astype(np.int64))
+        r.drafter.begin(ids)
+        k_max = min(self.k_max, self.pair.context_length - len(ctx) - 1)
+        forward_s = 0.0
+
+        def propose(pos: int):
+            nonlocal forward_s
+            t = time.perf_counter()
+            step = r.drafter.propose(pos)
+            forward_s += time.perf_counter() - t
+            return step
+
+        t0 = time.perf_counter()
+        k = decide_now(draft_window(r.policy, k_max, propose, r.stats), r.policy)
+        self.decide_s += time.perf_counter() - t0 - forward_s
+        self.forward_s += forward_s
+        window = [int(t) for t in r.drafter.tokens[:k]]
+        if k:  # the session now holds ctx and every drafted token but the last
+            r.fed = np.concatenate([ids.numpy(), np.asarray(window[:-1], dtype=np.int64)])
+        r.proposed, r.n_before = window, len(ctx)
+        return window
+
+
+def _load_shared_from_env() -> None:
+    """`vllm serve` with disco's proposer: the pair and policy named by the DISCO_VLLM_POLICY JSON."""
+    raw = os.environ.get(ENV)
+    if not raw:
+        raise DiscoError(
+            f"disco's vLLM proposer needs its settings: set {ENV} to a JSON file such as "
+            '{"policy": {"name": "classifier", "classifier": "models/NAME"}, "pair": {"target": ..., "draft": ...}}'
+        )
+    try:
+        text = Path(raw).read_text() if not raw.lstrip().startswith("{") else raw
+        settings = json.loads(text)
+    except FileNotFoundError:
+        raise DiscoError(f"{ENV} names {raw}, which does not exist: give the proposer's settings file") from None
+    except ValueError as e:
+        raise DiscoError(f"{ENV} is not valid JSON ({e}): fix the proposer's settings") from None
+    from disco.options import PairOptions
+    from disco.pair import load_pair
+
+    pair_opts = {k: v for k, v in (settings.get("pair") or {}).items() if k in PairOptions.__dataclass_fields__}
+    SHARED.pair = load_pair(PairOptions(**{**pair_opts, "engine": "vllm"}))
+    policy = settings.get("policy") or {"name": "threshold"}
+    if policy.get("classifier"):
+        path = Path(policy["classifier"]).expanduser()
+        if not (path / "manifest.json").is_file():
+            raise DiscoError(f"the proposer's classifier {path} is not an artifact (no manifest.json): check {ENV}")
+    SHARED.policy = PolicySpec(**policy)
+    SHARED.load = CostModel.load(settings["profile"]) if settings.get("profile") else None
+
+
+# --- disco compare --engine vllm -----------------------------------------------------------------------
+
+
+def serving_rows(pair: Pair, entries: list, max_window: int, settings: dict) -> list[ServingRow]:
+    """vLLM's own rows (target-only first: the reference; its draft-model decoding at fixed lengths), then
+    each of compare's policy entries as disco's proposer inside vLLM ("vllm + POLICY"). The oracle needs
+    the target's output in advance and has no vLLM row."""
+    rows = pair.target_engine.serving_rows(settings)
+    spec = SpecConfig("custom_class", max_window, PROPOSER)
+    for e in entries:
+        if e.spec is not None and not e.spec.kind.needs_target_tokens and e.variant is None:
+            rows.append(ServingRow(f"vllm + {e.label}", spec, policy=e.spec))
+    return rows
+
+
+def run_serving_compare(
+    pair: Pair,
+    prompts: list,
+    entries: list,
+    config: DecodeConfig,
+    out_dir: Path,
+    concurrency: list[int],
+    chat: bool | None = None,
+    progress: bool = True,
+    plots: bool = True,
+    settings: dict | None = None,
+    load: CostModel | None = None,
+) -> dict:
+    """Every row on every prompt at each concurrency: the prompts in groups of c submitted together, the
+    rows' order rotated per group; each request's time is its share of its group's wall clock (by tokens),
+    so pooled figures are the groups' throughput. One compare result per concurrency (compare.json,
+    table.md, plots in out_dir/c{c}/) and all tables in out_dir/table.md."""
+    from tqdm import tqdm
+
+    from disco.compare import TARGET_LABEL, _record, _summarise, format_table
+    from disco.files import atomic_write_json, atomic_write_text, write_dir
+
+    if config.temperature > 0:
+        raise DiscoError("compare --engine vllm runs greedy decoding (vLLM's outputs are compared token by token)")
+    target = pair.target_engine
+    rows = serving_rows(pair, entries, config.max_window, settings or {})
+    ref_row, others = rows[0], rows[1:]
+    if not others:
+        raise DiscoError("no row to run beside vLLM target-only: choose rows with --policies")
+    SHARED.pair, SHARED.load = pair, load
+    ids = [pair.encode(p.prompt, chat) for p in prompts]
+    results: dict[int, dict] = {}
+    bar = tqdm(total=len(concurrency) * len(prompts) * len(rows), desc="compare", unit="run", disable=not progress)
+    for c in concurrency:
+        per_prompt = [
+            {"id": p.id, "task": p.task, "seed": None, "prompt_tokens": len(i), "runs": {}}
+            for p, i in zip(prompts, ids)
+        ]
+        costs: dict[str, dict] = {}
+        refs: dict[int, GenResult] = {}  # vLLM target-only's output of each prompt: what "= target" compares with
+        for g, start in enumerate(range(0, len(prompts), c)):
+            group = list(range(start, min(start + c, len(prompts))))
+            group_ids = [ids[i] for i in group]
+            shift = g % len(others)
+            for row in [ref_row, *others[shift:], *others[:shift]]:
+                bar.set_postfix_str(f"c={c}: {row.label}")
+                proposer = None
+                if row.policy is not None:
+                    target.llm(row.spec, max(concurrency))  # built once; its proposer registers itself in SHARED
+                    proposer = SHARED.proposer
+                    assert proposer is not None
+                    proposer.set_policy(row.policy, load)
+                results_, wall = row.generate(target, group_ids, config.max_new_tokens, pair.eos_token_ids, c)
+                total = sum(r.stats.new_tokens for r in results_) or 1
+                for i, res in zip(group, results_):
+                    res.stats.wall_s = wall * res.stats.new_tokens / total
+                    if proposer is not None:
+                        counted = proposer.stats_for(ids[i])
+                        if counted is not None:
+                            res.stats = _with_windows(res.stats, counted)
+                    if row is ref_row:
+                        refs[i] = res
+                    label = TARGET_LABEL if row is ref_row else row.label
+                    per_prompt[i]["runs"][label] = _record(pair, ids[i], config, res, refs[i], forwards_known=False)
+                    bar.update(1)
+                if proposer is not None:
+                    cost = costs.setdefault(row.label, {"decide_s": 0.0, "forward_s": 0.0, "draft_forwards": 0})
+                    cost["decide_s"] += proposer.decide_s
+                    cost["forward_s"] += proposer.forward_s
+                    cost["draft_forwards"] += sum(r["draft_forwards"] for r in _runs(per_prompt, group, row.label))
+        labels = [TARGET_LABEL, *(r.label for r in others)]
+        summary = {label: _summarise(label, per_prompt) for label in labels}
+        for label, cost in costs.items():  # the proposer's own time per draft token: deciding vs drafting
+            n = max(cost["draft_forwards"], 1)
+            summary[label]["decide_ms_per_draft"] = 1000 * cost["decide_s"] / n
+            summary[label]["draft_ms_per_draft"] = 1000 * cost["forward_s"] / n
+        results[c] = {
+            "pair": pair.describe(),
+            "config": config.__dict__,
+            "n_prompts": len(prompts),
+            "seeds": 1,
+            "concurrency": c,
+            "reference": f"{TARGET_LABEL} ({ref_row.label})",
+            "anchors": [r.label for r in others if r.policy is None],
+            "summary": summary,
+            "prompts": per_prompt,
+        }
+    bar.close()
+
+    def fill(folder: Path) -> None:
+        tables = []
+        for c, result in results.items():
+            sub = folder / f"c{c}"
+            sub.mkdir()
+            atomic_write_json(sub / "compare.json", result)
+            atomic_write_text(sub / "table.md", format_table(result["summary"]) + "\n")
+            tables.append(f"## {c} request{'s' if c > 1 else ''} at a time ({TARGET_LABEL} = {ref_row.label})\n\n")
+            tables[-1] += format_table(result["summary"]) + "\n"
+            if plots:
+                from disco.plots import write_plots
+
+                write_plots(result, sub)
+        atomic_write_text(folder / "table.md", "\n".join(tables))
+        atomic_write_json(folder / "compare.json", {"concurrency": {str(c): r for c, r in results.items()}})
+
+    write_dir(out_dir, fill, "comparison")
+    return {"concurrency": results}
+
+
+def _runs(per_prompt: list[dict], group: list[int], label: str) -> list[dict]:
+    return [per_prompt[i]["runs"][label] for i in group if label in per_prompt[i]["runs"]]
+
+
+def _with_windows(stats: GenStats, counted: GenStats) -> GenStats:
+    """A vLLM run's tokens and time with the proposer's counts of that request's windows."""
+    counted.new_tokens, counted.wall_s = stats.new_tokens, stats.wall_s
+    counted.target_forwards = len(counted.windows)
+    return counted
+
+
+# --- disco profile --engine vllm: the target's step cost by the tokens in the step ----------------------
+
+
+def profile_load(
+    pair: Pair, max_window: int, context: int, max_batch: int = DEFAULT_VLLM_MAX_SEQS, steps: int = 10, progress=True
+) -> dict:
+    """Measure vLLM's step time C(t) for steps of t = b x (k + 1) tokens (b requests, each verifying k
+    drafts of disco's proposer at a constant length) for b up to max_batch, k up to max_window, and the
+    proposer's draft step c_d. C(t) is the time from the end of one propose() to the start of the next:
+    the target's batched forward, sampling and vLLM's scheduling, what a step costs beside the drafting.
+    Returns a profile (CostModel fields: c_d, c_t = C(1 .. max_window + 1), c_step = C(1 .. T) by linear
+    interpolation between the measured widths) with the points measured."""
+    import statistics
+
+    from tqdm.auto import tqdm
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from disco.profile import context_ids
+
+    target = pair.target_engine
+    SHARED.pair, SHARED.load = pair, None
+    spec = SpecConfig("custom_class", max_window, PROPOSER)
+    llm = target.llm(spec, max_batch)
+    proposer = SHARED.proposer
+    assert proposer is not None
+    marks: list[tuple[float, float]] = []  # (entry, exit) of every propose() call
+    inner = proposer.propose
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        out = inner(*args, **kwargs)
+        marks.append((t, time.perf_counter()))
+        return out
+
+    proposer.propose = timed  # type: ignore[method-assign]
+    batches = [b for b in (1, 2, 4, 8, 16, 32) if b <= max_batch]
+    windows = sorted({k for k in (0, 1, 2, 3, 4, 6, 8, 12, 16, 20) if k <= max_window} | {max_window})
+    points: dict[int, float] = {}
+    draft_s, drafts = 0.0, 0
+    grid = [(b, k) for b in batches for k in windows]
+    for b, k in tqdm(grid, desc="timing vLLM steps", disable=not progress):
+        proposer.set_policy(PolicySpec("constant", k=k) if k else PolicySpec("target"))
+        marks.clear()
+        prompts = [TokensPrompt(prompt_token_ids=context_ids(pair.tokenizer, context + i)) for i in range(b)]
+        params = SamplingParams(temperature=0.0, max_tokens=(steps + 3) * (k + 1), ignore_eos=True)
+        llm.generate(prompts, params, use_tqdm=False)
+        gaps = [nxt[0] - prev[1] for prev, nxt in zip(marks, marks[1:])][2 : 2 + steps]  # steady decode steps
+        if gaps:
+            t = b * (k + 1)
+            points[t] = min(points.get(t, float("inf")), statistics.median(gaps))
+        draft_s += proposer.forward_s
+        drafts += sum(r.stats.draft_forwards for r in [*proposer.finished, *proposer.requests])
+    proposer.propose = inner  # type: ignore[method-assign]
+    proposer.set_policy(SHARED.policy, None)
+    widths = sorted(points)
+    top = max_batch * (max_window + 1)
+    c_step = [float(v) for v in np.interp(np.arange(1, top + 1), widths, [points[w] for w in widths])]
+    c_d = draft_s / max(drafts, 1)
+    cost = CostModel(c_d, tuple(c_step[: max_window + 1]), "profile", tuple(c_step))
+    return {
+        **cost.to_dict(),
+        "unit": "s",
+        "c_d_ratio": c_d / c_step[0],
+        "c_t_ratio": [c / c_step[0] for c in c_step[: max_window + 1]],
+        "measured_step_s": {str(w): points[w] for w in widths},  # C(t) at the widths timed
+        "max_window": max_window,
+        "max_batch": max_batch,
+        "context_tokens": context,
+        "steps": steps,
+        "pair": pair.describe(),
+        "device_name": "cpu",
+        "torch": torch.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

@@ -1,0 +1,383 @@
+"""vLLM as the serving engine, on tiny float32 Qwen2 models (head size 64, which vLLM's CPU attention takes):
+disco's proposer inside vLLM is lossless for every policy, follows its policy request by request, the
+load-aware cost rule drafts less under load, `vllm serve` runs it, and bad input fails in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny import EOS, char_tokenizer, perturbed
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from disco import serving
+from disco.classifier import ClassifierPolicy
+from disco.cost import CostModel
+from disco.decode import DecodeConfig
+from disco.engines.vllm import SpecConfig
+from disco.errors import DiscoError
+from disco.options import PairOptions
+from disco.pair import load_pair
+from disco.policies import PolicySpec
+from disco.prompts import Prompt
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+PROMPTS = ["def add(a, b):\n    return", "Hello, world! The quick brown fox", "x = [1, 2, 3]", "ab", "zz top 12"]
+
+
+def tiny_vllm_qwen(seed: int = 0, vocab: int = 384) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,  # head size 64
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)  # far from ties: greedy choices are stable in float32
+    return model
+
+
+def _save(model, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm")
+    target = tiny_vllm_qwen()
+    draft = perturbed(target, 0.03)  # agrees with the target most of the time
+    return _save(target, root / "target"), _save(draft, root / "draft")
+
+
+@pytest.fixture(scope="module")
+def pair(folders):
+    target, draft = folders
+    p = load_pair(PairOptions(target=str(target), draft=str(draft), engine="vllm", dtype="float32"))
+    serving.SHARED.pair = p
+    yield p
+    p.target_engine.close()
+
+
+@pytest.fixture(scope="module")
+def ids(pair):
+    return [pair.encode(p, False) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(pair, ids):
+    outs, _ = pair.target_engine.generate_batch(SpecConfig(), ids, 40, pair.eos_token_ids, len(ids))
+    return outs
+
+
+def _run(pair, ids, policy: PolicySpec, max_tokens=40, k_max=6):
+    spec = SpecConfig("custom_class", k_max, serving.PROPOSER)
+    llm = pair.target_engine.llm(spec)
+    serving.SHARED.proposer.set_policy(policy)
+    outs, _ = pair.target_engine.generate_batch(spec, ids, max_tokens, pair.eos_token_ids, len(ids))
+    return outs, serving.SHARED.proposer, llm
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        PolicySpec("constant", k=3),
+        PolicySpec("threshold", threshold=0.4),
+        PolicySpec("heuristic"),
+        PolicySpec("adaedl"),
+        PolicySpec("svip"),
+    ],
+    ids=lambda p: p.name,
+)
+def test_lossless_for_every_policy(pair, ids, reference, policy):
+    outs, proposer, _ = _run(pair, ids, policy)
+    assert outs == reference
+    drafted = sum(r.stats.drafted for r in [*proposer.finished, *proposer.requests])
+    assert drafted > 0  # it did speculate
+
+
+def test_requests_of_different_lengths_finish_at_different_steps(pair, ids):
+    """Budgets of 5..45 tokens submitted together: each request ends at its own step, the others go on."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    budgets = [5, 45, 17, 30, 9]
+    spec = SpecConfig("custom_class", 6, serving.PROPOSER)
+    llm = pair.target_engine.llm(spec)
+    serving.SHARED.proposer.set_policy(PolicySpec("threshold", threshold=0.3))
+    plain = pair.target_engine.llm(SpecConfig())
+    params = [SamplingParams(temperature=0.0, max_tokens=b, stop_token_ids=[EOS]) for b in budgets]
+    prompts = [TokensPrompt(prompt_token_ids=i) for i in ids]
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    assert sorted({len(g) for g in got}) == sorted({len(w) for w in want}) and len({len(g) for g in got}) > 2
+
+
+def test_windows_follow_the_policy_per_request(pair, ids, reference):
+    """Constant k = 2: every window of every request drafts exactly 2 tokens (1 near its budget's end),
+    counted by the draft forwards (but for the last window: vLLM verifies it and ends the request, and the
+    proposer, never asked again, does not see what it kept)."""
+    outs, proposer, _ = _run(pair, ids, PolicySpec("constant", k=2))
+    assert outs == reference
+    for prompt in ids:
+        stats = proposer.stats_for(prompt)
+        assert stats is not None and stats.windows
+        assert set(stats.windows) <= {1, 2} and stats.windows.count(2) >= len(stats.windows) - 1
+        assert sum(stats.windows) == stats.drafted
+        assert stats.draft_forwards - stats.drafted in (0, 1, 2)
+        assert 0 <= stats.accepted <= stats.drafted
+
+
+def test_a_policy_that_never_drafts_is_target_only(pair, ids, reference):
+    outs, proposer, _ = _run(pair, ids, PolicySpec("target"))
+    assert outs == reference
+    assert all(r.stats.drafted == 0 and r.stats.draft_forwards == 0 for r in [*proposer.finished, *proposer.requests])
+
+
+class _Sure:
+    """A stub classifier model: every draft token accepted with probability p."""
+
+    hidden_dim = 0
+    columns = None
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def predict_proba(self, X):
+        return np.full(len(X), self.p)
+
+    def torch_predictor(self, device):
+        return lambda feats: torch.tensor(self.p)
+
+
+def test_load_aware_cost_rule_drafts_less_under_load():
+    """A memory-bound stub profile: steps of up to 8 tokens cost about one token's time, wider ones
+    grow linearly. At one request a window pays; at 8 requests every extra token costs its full share."""
+    c_step = tuple(1.0 if t <= 8 else 1.0 + 0.125 * (t - 8) for t in range(1, 8 * 9 + 1))
+    load = CostModel(0.05, c_step[:9], "stub", c_step)
+    windows = {}
+    for batch in (1, 2, 4, 8):  # tokens drafted per window (the stopping one included), 0: no window
+        policy = ClassifierPolicy(_Sure(0.8), 1.0, rule="cost", cost=load.at_load(batch, 8))
+        n = 0
+        if policy.drafts():
+            policy.start()
+            while n < 8:
+                n += 1
+                if policy.stops(0.8):
+                    break
+        windows[batch] = n
+    assert windows == {1: 7, 2: 6, 4: 4, 8: 0}
+    assert load.at_load(1, 8).c_t == c_step[:9]  # one request: the profile itself
+
+
+def test_at_load_refuses_a_profile_without_steps():
+    with pytest.raises(DiscoError, match="no load profile"):
+        CostModel(0.1, (1.0, 1.1)).at_load(2)
+
+
+def test_serving_compare_rows_and_counts(pair, tmp_path):
+    prompts = [Prompt(f"p{i}", "t", p) for i, p in enumerate(PROMPTS[:4])]
+    from disco.compare import Entry
+
+    entries = [Entry("constant k=2", PolicySpec("constant", k=2)), Entry("oracle", PolicySpec("oracle"))]
+    cfg = DecodeConfig(max_new_tokens=24, max_window=6)
+    result = serving.run_serving_compare(
+        pair,
+        prompts,
+        entries,
+        cfg,
+        tmp_path / "out",
+        [1, 3],
+        chat=False,
+        progress=False,
+        plots=False,
+        settings={"fixed_k": [(2, "")]},
+    )
+    for c in (1, 3):
+        summary = result["concurrency"][c]["summary"]
+        assert list(summary) == ["target", "vllm draft k=2", "vllm + constant k=2"]  # no oracle row in vLLM
+        assert summary["vllm + constant k=2"]["lossless"]
+        assert summary["vllm + constant k=2"]["mean_accepted_window"] is not None
+        assert summary["vllm + constant k=2"]["decide_ms_per_draft"] >= 0
+    saved = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert set(saved["concurrency"]) == {"1", "3"}
+    assert (tmp_path / "out" / "c3" / "table.md").is_file()
+
+
+# --- bad input -----------------------------------------------------------------------------------------
+
+
+def test_draft_with_another_vocabulary(folders, tmp_path):
+    target, _ = folders
+    other = _save(tiny_vllm_qwen(vocab=2048), tmp_path / "other")
+    with pytest.raises(DiscoError, match="vocabulary"):
+        load_pair(PairOptions(target=str(target), draft=str(other), engine="vllm", dtype="float32"))
+
+
+def test_target_must_be_a_folder(folders, tmp_path):
+    _, draft = folders
+    with pytest.raises(DiscoError, match="transformers folder"):
+        load_pair(PairOptions(target=str(tmp_path), draft=str(draft), engine="vllm"))
+
+
+def test_without_vllm_installed_one_line(folders, monkeypatch):
+    target, draft = folders
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    with pytest.raises(DiscoError, match=r"needs vLLM, which is not installed: pip install 'disco\[vllm\]'"):
+        load_pair(PairOptions(target=str(target), draft=str(draft), engine="vllm"))
+
+
+def test_cli_without_vllm(folders, tmp_path):
+    """The CLI in a process where vLLM cannot import: one line, exit 1, no traceback."""
+    target, draft = folders
+    code = (
+        "import sys; sys.modules['vllm'] = None; sys.argv = ['disco', 'compare', '--engine', 'vllm', "
+        f"'--target', {str(target)!r}, '--draft', {str(draft)!r}, '--prompts', 'code-test', '--out', "
+        f"{str(tmp_path / 'o')!r}]; from disco.cli import main; main()"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "needs vLLM, which is not installed" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_artifact_for_another_pair(pair, tmp_path):
+    artifact = tmp_path / "art"
+    artifact.mkdir()
+    manifest = {"pair": {"tokenizer_hash": "0000000000000000", "target": "x", "draft": "y"}}
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DiscoError):
+        PolicySpec("classifier", classifier=str(artifact)).build(pair=pair)
+
+
+def test_missing_proposer_settings(monkeypatch):
+    monkeypatch.setattr(serving, "SHARED", serving.Shared())
+    monkeypatch.delenv(serving.ENV, raising=False)
+    with pytest.raises(DiscoError, match=serving.ENV):
+        serving.DiscoProposer(_FakeConfig())
+    monkeypatch.setenv(serving.ENV, json.dumps({"policy": {"name": "classifier", "classifier": "/no/such"}}))
+    with pytest.raises(DiscoError, match="not an artifact"):
+        serving._load_shared_from_env()
+
+
+class _FakeConfig:
+    class speculative_config:  # noqa: N801 -- vLLM's attribute name
+        num_speculative_tokens = 4
+
+
+# --- vllm serve with disco's proposer --------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(folders, settings: dict, port: int, tmp_path: Path) -> subprocess.Popen:
+    target, _ = folders
+    settings_file = tmp_path / "disco-vllm.json"
+    settings_file.write_text(json.dumps(settings))
+    env = {**os.environ, serving.ENV: str(settings_file), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    spec = json.dumps({"method": "custom_class", "model": serving.PROPOSER, "num_speculative_tokens": 6})
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--host", "127.0.0.1",
+        "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
+        "--speculative-config", spec,
+    ]  # fmt: skip
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 -- closed with the process
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+
+
+def _wait_ready(proc: subprocess.Popen, port: int, timeout: float = 240) -> bool:
+    import urllib.request
+
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            time.sleep(1)
+    return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_vllm_serve_with_disco_policy(folders, pair, ids, tmp_path):
+    """`vllm serve` with disco's proposer: concurrent greedy requests through the openai client equal
+    vLLM's target-only output."""
+    from openai import OpenAI
+
+    target, draft = folders
+    settings = {"policy": {"name": "threshold", "threshold": 0.4}, "pair": {"target": str(target), "draft": str(draft)}}
+    port = _free_port()
+    proc = _serve(folders, settings, port, tmp_path)
+    try:
+        assert _wait_ready(proc, port), (tmp_path / "server.log").read_text()[-3000:]
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=60, max_retries=0)
+
+        def ask(prompt_ids):
+            r = client.completions.create(
+                model=str(target), prompt=prompt_ids, max_tokens=24, temperature=0.0,
+                extra_body={"stop_token_ids": [EOS], "return_token_ids": True},
+            )  # fmt: skip
+            return r.choices[0].text
+
+        with ThreadPoolExecutor(len(ids)) as pool:
+            got = list(pool.map(ask, ids))
+    finally:
+        _stop(proc)
+    assert proc.poll() is not None
+    want, _ = pair.target_engine.generate_batch(SpecConfig(), ids, 24, pair.eos_token_ids, len(ids))
+    assert got == [pair.tokenizer.decode(w, skip_special_tokens=True) for w in want]
+
+
+def test_vllm_serve_with_a_missing_artifact_stops_in_one_line(folders, tmp_path):
+    target, draft = folders
+    settings = {
+        "policy": {"name": "classifier", "classifier": str(tmp_path / "nothing")},
+        "pair": {"target": str(target), "draft": str(draft)},
+    }
+    port = _free_port()
+    proc = _serve(folders, settings, port, tmp_path)
+    try:
+        assert not _wait_ready(proc, port, timeout=180)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+    assert proc.returncode != 0
+    log = (tmp_path / "server.log").read_text()
+    assert f"the proposer's classifier {tmp_path / 'nothing'} is not an artifact (no manifest.json)" in log
