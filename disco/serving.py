@@ -138,8 +138,9 @@ class DiscoProposer:
     def _request_for(self, ctx: np.ndarray, hint: _Request | None, used: set[int]) -> _Request:
         """The request whose prompt begins `ctx` (vLLM passes rows, not request ids: rows move as requests
         finish), or a new one. Requests with the same prompt are interchangeable under greedy decoding."""
-        for r in [hint, *self.requests] if hint is not None else self.requests:
-            if r is not None and id(r) not in used and r.matches(ctx):
+        live = [hint, *self.requests] if hint is not None and hint in self.requests else self.requests
+        for r in live:  # (a released request's engine may serve another one now: never revived)
+            if id(r) not in used and r.matches(ctx):
                 return r
         engine = self.spare_engines.pop() if self.spare_engines else self.pair.draft.spare()
         policy = self._policy()

@@ -247,7 +247,8 @@ def load_pair(options: PairOptions) -> PairParts:
     tokenizer = load_tokenizer(str(target_dir))
     if is_gguf(draft_path):
         check_same_tokenizer(tokenizer, gguf_tokenizer(draft_path), *names)
-        draft: Any = LlamaCppEngine(draft_path, options.threads)
+        # fast: the draft catches up on the tokens vLLM accepted in one batch (the draft never changes the output)
+        draft: Any = LlamaCppEngine(draft_path, options.threads, "fast")
     else:
         check_same_tokenizer(tokenizer, load_tokenizer(str(draft_path)), *names)
         draft = TorchEngine.of(load_model(str(draft_path), torch.device("cpu"), torch.float32))
@@ -286,6 +287,7 @@ KIND = EngineKind(
     _prepare_embedded,
     claims_auto=lambda target, draft, cuda: False,  # only when named: vLLM is an optional install
     check_device=_check_device,
+    anchor_names=("vllm",),  # --policies vllm: its own rows (target-only's is always there, the draft-model ones)
     select_hint="--engine vllm",
     shares_options=("dtype", "threads", "draft_quant"),
     serving=True,

@@ -1,0 +1,80 @@
+"""The vLLM benchmark of issue 23 on the embedded pair (bench/RESULTS.md, "vLLM serving engine").
+
+    python bench/vllm_bench.py tune-k  K,K,... OUT      vLLM's draft-model decoding at fixed lengths, validation prompts
+    python bench/vllm_bench.py tune-policy OUT          disco's proposer: threshold grid + classifier rules, validation
+    python bench/vllm_bench.py test K,K,... TAU OUT     the test table: target-only, fixed lengths, disco's rows
+
+Every phase is one disco compare run (serving.run_serving_compare: rows interleaved per group of prompts,
+at concurrency 1 and 8) in its own process, so that only its vLLM instances hold memory (each bf16 target
+instance takes ~4 GB here). Validation prompts: bench/vllm_prompts.py (the shipped classifier's validation
+prompts); test prompts: the first 5 of each shipped test set. Environment: OMP_NUM_THREADS=2 (vLLM otherwise
+drops torch to one thread), VLLM_CPU_KVCACHE_SPACE=0.5.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "0.5")
+
+from disco.compare import Entry  # noqa: E402
+from disco.cost import CostModel  # noqa: E402
+from disco.decode import DecodeConfig  # noqa: E402
+from disco.options import PairOptions  # noqa: E402
+from disco.pair import load_pair  # noqa: E402
+from disco.policies import PolicySpec  # noqa: E402
+from disco.prompts import load_prompt_sources  # noqa: E402
+from disco.serving import run_serving_compare  # noqa: E402
+
+ARTIFACT = "models/embedded-qwen2.5-coder-llamacpp"
+PROFILE = Path("bench/out/vllm/profile.json")
+VAL = "bench/out/vllm/val.jsonl"
+TEST = ["code-test", "explain-test", "write-test"]
+LEVELS = [1, 8]
+
+
+def classifier_rows() -> list[Entry]:
+    return [
+        Entry("classifier cost rule (load-aware)", PolicySpec("classifier", classifier=ARTIFACT, classifier_rule="cost")),
+        Entry(
+            "classifier cost-adaptive (load-aware)",
+            PolicySpec("classifier", classifier=ARTIFACT, classifier_rule="cost-adaptive"),
+        ),
+    ]
+
+
+def main() -> None:
+    phase, out = sys.argv[1], Path(sys.argv[-1])
+    pair = load_pair(PairOptions(engine="vllm"))
+    load = CostModel.load(PROFILE)
+    if phase == "tune-k":
+        lengths = [int(k) for k in sys.argv[2].split(",")]
+        prompts, tokens, entries = load_prompt_sources([VAL], None), 64, []
+    elif phase == "tune-policy":
+        lengths = []
+        prompts, tokens = load_prompt_sources([VAL], None), 64
+        entries = [Entry(f"threshold {t:g}", PolicySpec("threshold", threshold=t)) for t in (0.3, 0.5, 0.7, 0.8, 0.9)]
+        entries += classifier_rows()
+    elif phase == "test":
+        lengths, tau = [int(k) for k in sys.argv[2].split(",")], float(sys.argv[3])
+        prompts, tokens = load_prompt_sources(TEST, 5), 128
+        entries = [Entry(f"threshold {tau:g} (tuned)", PolicySpec("threshold", threshold=tau)), *classifier_rows()]
+    else:
+        raise SystemExit(__doc__)
+    config = DecodeConfig(max_new_tokens=tokens, max_window=8)
+    settings = {"fixed_k": [(k, "") for k in lengths]}
+    result = run_serving_compare(pair, prompts, entries, config, out, LEVELS, settings=settings, load=load)
+    from disco.compare import format_table
+
+    for c, r in result["concurrency"].items():
+        print(f"\n{c} request(s) at a time, {len(prompts)} prompts x {tokens} tokens:\n" + format_table(r["summary"]))
+        for label, s in r["summary"].items():
+            if "decide_ms_per_draft" in s:
+                print(f"  {label}: deciding {s['decide_ms_per_draft']:.3f} ms, drafting {s['draft_ms_per_draft']:.3f} ms per draft token")
+
+
+if __name__ == "__main__":
+    main()
