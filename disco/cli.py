@@ -60,6 +60,9 @@ from disco.defaults import (
     DEFAULT_WARMUP,
     DEMO_MAX_NEW_TOKENS,
     DEMO_PER_TASK,
+    MT_BENCH_CATEGORIES,
+    MT_BENCH_NAMES,
+    MT_BENCH_SPLITS,
     POLICY_NAMES,
     SVIP_H,
 )
@@ -131,6 +134,12 @@ def _option_group(placeholder: str, options: dict[str, tuple[Any, Any]], build: 
     return decorate
 
 
+# the MT-Bench prompt sets (prompts.load_mt_bench_prompts), in every command's --prompts help
+_MT_BENCH_HELP = (
+    f"{MT_BENCH_NAMES[0]}[:CATEGORY+…][:{'|'.join(MT_BENCH_SPLITS)}] (MT-Bench's first turns; CATEGORY: "
+    f"{', '.join(MT_BENCH_CATEGORIES)}; e.g. mt-bench:coding+math:test; {MT_BENCH_NAMES[1]}…: the second turns, "
+    "after the target's own answer to the first, made once and cached)"
+)
 _CHAT_OPT = typer.Option(
     None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."
 )
@@ -272,7 +281,9 @@ def _say(msg: str) -> None:
 def generate(
     prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt, as text."),
     prompts: Optional[str] = typer.Option(
-        None, "--prompts", help="A JSONL file of prompts ({id, task, prompt}), a shipped set name or hf:NAME."
+        None,
+        "--prompts",
+        help="A JSONL file of prompts ({id, task, prompt}), a shipped set name, hf:NAME or " + _MT_BENCH_HELP + ".",
     ),
     policy: str = typer.Option(DEFAULT_POLICY, help=f"Stopping policy: {', '.join(POLICY_NAMES)}."),
     k: int = typer.Option(DEFAULT_K, help="constant: window length; heuristic: first window length."),
@@ -329,6 +340,9 @@ def generate(
     options, chat = apply_pair_file(options, chat)
     _say("loading the pair …")
     pair = load_pair(options)
+    from disco.answers import answer_first_turns
+
+    items = answer_first_turns(pair, items, config.max_new_tokens, chat)  # mt-bench-2: the first turns' answers
     compile_s = pair.warm_up(max(len(pair.encode(i.prompt, chat)) for i in items) + config.max_new_tokens)
     if compile_s:
         _say(f"compiled the captured steps in {compile_s:.1f}s (once; not in the timings below)")
@@ -364,7 +378,11 @@ def generate(
 @decode_options(seed="First sampling seed (with --temperature > 0).")
 def compare(
     prompts: list[str] = typer.Option(
-        ..., "--prompts", help="JSONL file(s), shipped set names (code-test,explain-test,write-test) or hf:NAME."
+        ...,
+        "--prompts",
+        help="JSONL file(s), shipped set names (code-test,explain-test,write-test), hf:NAME or "
+        + _MT_BENCH_HELP
+        + "; comma-separate or repeat for several. Several tasks: table.md adds the speedups by task.",
     ),
     out: Path = typer.Option(Path(DEFAULT_COMPARE_OUT), help="Folder for compare.json, table.md and the plots."),
     overwrite: bool = typer.Option(False, help="Replace --out whole when it is not empty."),
@@ -423,7 +441,7 @@ def compare(
     target-only and draft-model decoding, and each policy inside vLLM as disco's proposer, at each
     --concurrency). Greedy by default; with --temperature, every prompt under --seeds seeds."""
     check_options("compare", locals())
-    from disco.compare import check_seeds, default_entries, format_table, run_compare, select_entries
+    from disco.compare import check_seeds, default_entries, format_tables, run_compare, select_entries
     from disco.pair import apply_pair_file, load_pair
     from disco.prompts import load_prompt_sources
 
@@ -473,7 +491,7 @@ def compare(
         _say(f"wrote {out}/table.md and c*/compare.json, table.md, plots")
         return
     result = run_compare(pair, items, entries, config, out, chat, seeds=seeds)
-    typer.echo(format_table(result["summary"]))
+    typer.echo(format_tables(result))
     _say(f"wrote {out}/compare.json, table.md and plots")
 
 
@@ -499,9 +517,10 @@ def collect(
     prompts: list[str] = typer.Option(
         ...,
         "--prompts",
-        help="Prompts: a JSONL file, a shipped set (code-train), or "
-        "hf:NAME[:SPLIT][=LOCAL_COPY] with NAME mbpp, alpaca, cnn_dailymail or humaneval. "
-        "Repeat or comma-separate to put several in one trace.",
+        help="Prompts: a JSONL file, a shipped set (code-train), "
+        "hf:NAME[:SPLIT][=LOCAL_COPY] with NAME mbpp, alpaca, cnn_dailymail or humaneval, or "
+        + _MT_BENCH_HELP
+        + ". Repeat or comma-separate to put several in one trace.",
     ),
     out: Path = typer.Option(..., "--out", help="Trace folder: Parquet shards + manifest.json (e.g. traces/NAME)."),
     config: DecodeConfig = None,

@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 import torch
 
 import disco
+from disco.answers import answer_first_turns
 from disco.decode import DecodeConfig, target_generate, warp
 from disco.defaults import DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
 from disco.engines.base import numeric_identity
@@ -724,6 +725,9 @@ def collect(
         raise DiscoError("prompt ids must be unique: traces and resumption key on them")
     chat = pair.has_chat_template if chat is None else chat
     out_dir = Path(out_dir)
+    # mt-bench-2: the target answers each first turn (once, cached) before its second is traced; the
+    # conversations then enter the manifest's prompt fingerprint, so other answers are other prompts
+    prompts = answer_first_turns(pair, prompts, config.max_new_tokens, chat, progress and dist.rank == 0)
     encoded = encode_prompts(pair, prompts, config, chat)  # every check before the first write
     manifest = build_manifest(pair, prompts, config, chat, sources)
     check_trace_out(out_dir)

@@ -196,6 +196,9 @@ def run_compare(
         )
     from tqdm import tqdm
 
+    from disco.answers import answer_first_turns
+
+    prompts = answer_first_turns(pair, prompts, config.max_new_tokens, chat, progress)  # mt-bench-2: turn 1 first
     per_prompt: list[dict] = []
     # captured steps (torch --compile) are compiled here, once, not inside any timed decode
     compile_s = pair.warm_up(max(len(pair.encode(p.prompt, chat)) for p in prompts) + config.max_new_tokens)
@@ -232,7 +235,7 @@ def run_compare(
         bar.close()
 
     labels = [TARGET_LABEL] + [e.label for e in entries]
-    summary = {label: _summarise(label, per_prompt) for label in labels}
+    summary, by_task = summarise(labels, per_prompt)
     result = {
         "pair": pair.describe(),
         "config": config.__dict__,
@@ -242,12 +245,13 @@ def run_compare(
         "reference": TARGET_LABEL,
         "anchors": [e.label for e in entries if e.anchor],
         "summary": summary,
+        "summary_by_task": by_task,
         "prompts": per_prompt,
     }
 
     def fill(folder: Path) -> None:  # a new folder replacing the old whole: no stale plot stays
         atomic_write_json(folder / "compare.json", result)
-        atomic_write_text(folder / "table.md", format_table(summary) + "\n")
+        atomic_write_text(folder / "table.md", format_tables(result) + "\n")
         if plots:
             from disco.plots import write_plots
 
@@ -300,6 +304,17 @@ def _first_mismatch(tokens: list[int], ref: list[int]) -> int | None:
     return None if len(tokens) == len(ref) else min(len(tokens), len(ref))
 
 
+def summarise(labels: Sequence[str], per_prompt: list[dict]) -> tuple[dict, dict]:
+    """(summary, summary by task): every row pooled over all prompts, and over each task's prompts
+    ({task: {label: summary}}, tasks in the order they first come, e.g. MT-Bench's categories)."""
+    summary = {label: _summarise(label, per_prompt) for label in labels}
+    by_task = {
+        task: {label: _summarise(label, [p for p in per_prompt if p["task"] == task]) for label in labels}
+        for task in dict.fromkeys(p["task"] for p in per_prompt)
+    }
+    return summary, by_task
+
+
 def _summarise(label: str, per_prompt: list[dict]) -> dict:
     runs = [p["runs"][label] for p in per_prompt]
     base = [p["runs"][TARGET_LABEL] for p in per_prompt]
@@ -325,6 +340,11 @@ def _summarise(label: str, per_prompt: list[dict]) -> dict:
         # captured steps (torch --compile): filler tokens padding forwards up to their bucket, per token
         "padded_per_token": sum(r.get("padded_tokens", 0) for r in runs) / tokens if tokens else 0.0,
         "prompts": len(runs),
+        # the totals the rates above are taken from: a task's summary adds up to the pooled one
+        "new_tokens": tokens,
+        "wall_s": wall,
+        "drafted": drafted,
+        "accepted": sum(r["accepted"] for r in runs),
     }
     if sampled:
         return {**out, "target_logprob": sum(r["target_logprob"] for r in runs) / tokens if tokens else None}
@@ -408,3 +428,27 @@ def format_table(summary: dict) -> str:
             f"| {fmt(s['draft_forwards_per_token'], '.3f')} | {fmt(s['mean_accepted_window'], '.2f')} | {rate} |{pad} {end} |"
         )
     return "\n".join(lines)
+
+
+def format_task_table(by_task: dict, summary: dict) -> str:
+    """Speedup of every row by task (columns: all prompts pooled, then each task with its prompt count)."""
+    tasks = list(by_task)
+    n = lambda t: next(iter(by_task[t].values()))["prompts"]  # noqa: E731
+    head = f"| policy | all ({next(iter(summary.values()))['prompts']}) | " + " | ".join(f"{t} ({n(t)})" for t in tasks)
+    lines = [head + " |", "|" + "---|" * (2 + len(tasks))]
+    for label, s in summary.items():
+        cells = " | ".join(f"{by_task[t][label]['speedup']:.2f}×" for t in tasks)
+        lines.append(f"| {label} | {s['speedup']:.2f}× | {cells} |")
+    return "\n".join(lines)
+
+
+def format_tables(result: dict) -> str:
+    """table.md: the main table, then, when the prompts span several tasks, the speedups by task."""
+    text = format_table(result["summary"])
+    by_task = result.get("summary_by_task") or {}
+    if len(by_task) > 1:
+        text += (
+            "\n\nSpeedup by task (target-only's time per token over the row's, pooled over the task's prompts):\n\n"
+            + format_task_table(by_task, result["summary"])
+        )
+    return text

