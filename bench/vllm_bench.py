@@ -3,12 +3,13 @@
     python bench/vllm_bench.py tune-k  K,K,... OUT      vLLM's draft-model decoding at fixed lengths, validation prompts
     python bench/vllm_bench.py tune-policy OUT          disco's proposer: threshold grid + classifier rules, validation
     python bench/vllm_bench.py test K,K,... TAU OUT     the test table: target-only, fixed lengths, disco's rows
+    python bench/vllm_bench.py exact OUT                float32 instead of bf16: is vLLM's verification exact then?
 
 Every phase is one disco compare run (serving.run_serving_compare: rows interleaved per group of prompts,
 at concurrency 1 and 8) in its own process, so that only its vLLM instances hold memory (each bf16 target
 instance takes ~4 GB here). Validation prompts: bench/vllm_prompts.py (the shipped classifier's validation
 prompts); test prompts: the first 5 of each shipped test set. Environment: OMP_NUM_THREADS=2 (vLLM otherwise
-drops torch to one thread), VLLM_CPU_KVCACHE_SPACE=0.5.
+drops torch to one thread), VLLM_CPU_KVCACHE_SPACE=1.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "0.5")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # whole GiB (vLLM parses an int)
 
 from disco.compare import Entry  # noqa: E402
 from disco.cost import CostModel  # noqa: E402
@@ -48,7 +49,7 @@ def classifier_rows() -> list[Entry]:
 
 def main() -> None:
     phase, out = sys.argv[1], Path(sys.argv[-1])
-    pair = load_pair(PairOptions(engine="vllm"))
+    pair = load_pair(PairOptions(engine="vllm", dtype="float32" if phase == "exact" else "auto"))
     load = CostModel.load(PROFILE)
     if phase == "tune-k":
         lengths = [int(k) for k in sys.argv[2].split(",")]
@@ -62,6 +63,10 @@ def main() -> None:
         lengths, tau = [int(k) for k in sys.argv[2].split(",")], float(sys.argv[3])
         prompts, tokens = load_prompt_sources(TEST, 5), 128
         entries = [Entry(f"threshold {tau:g} (tuned)", PolicySpec("threshold", threshold=tau)), *classifier_rows()]
+    elif phase == "exact":
+        lengths = [3]
+        prompts, tokens = load_prompt_sources([VAL], None)[::2], 64
+        entries = [Entry("threshold 0.5", PolicySpec("threshold", threshold=0.5))]
     else:
         raise SystemExit(__doc__)
     config = DecodeConfig(max_new_tokens=tokens, max_window=8)

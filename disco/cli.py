@@ -347,8 +347,13 @@ def generate(
     if compile_s:
         _say(f"compiled the captured steps in {compile_s:.1f}s (once; not in the timings below)")
     records = []
-    for item in items:
-        res = run_generate(pair, item.prompt, spec, config, chat)
+    served = None
+    if pair.serving:  # vLLM decodes by itself: the prompts go in together, disco's proposer inside
+        from disco.serving import serving_generate
+
+        served = serving_generate(pair, [pair.encode(i.prompt, chat) for i in items], spec, config)
+    for n, item in enumerate(items):
+        res = served[n] if served is not None else run_generate(pair, item.prompt, spec, config, chat)
         text = pair.decode(res.tokens)
         typer.echo(text if len(items) == 1 else f"--- {item.id}\n{text}")
         _say(f"[{spec.name}] {res.stats.summary()}")
@@ -487,7 +492,7 @@ def compare(
         settings = {"fixed_k": [(k, "") for k in lengths]}
         served = run_serving_compare(pair, items, entries, config, out, levels, chat, settings=settings, load=load)
         for c, result in served["concurrency"].items():
-            typer.echo(f"\n{c} request(s) at a time:\n" + format_table(result["summary"]))
+            typer.echo(f"\n{c} request(s) at a time:\n" + format_tables(result))
         _say(f"wrote {out}/table.md and c*/compare.json, table.md, plots")
         return
     result = run_compare(pair, items, entries, config, out, chat, seeds=seeds)

@@ -102,7 +102,7 @@ DRAFT_QUANT_CHOICES = ("auto", "none", "q4_0", "q8_0")  # llama.cpp engine: engi
 DEFAULT_DRAFT_QUANT = "auto"  # q4_0 for the embedded pair, else the draft as it is
 
 # --- vLLM, the serving engine (engines/vllm.py, serving.py) -------------------------------------
-DEFAULT_VLLM_KV_GIB = 1.0  # host RAM (GiB) each vLLM instance reserves for its KV cache on CPUs
+DEFAULT_VLLM_KV_GIB = 1  # host RAM (whole GiB: vLLM parses an int) each vLLM instance reserves for its KV cache on CPUs
 DEFAULT_CONCURRENCY = "1,8"  # compare --engine vllm: requests submitted together, one run per level
 DEFAULT_VLLM_MAX_SEQS = 8  # requests one vLLM instance runs at once at least (more when --concurrency asks)
 DEFAULT_VLLM_FIXED_K = 3  # vLLM's own draft-model rows: this fixed length, and the tuned one

@@ -293,7 +293,7 @@ def run_serving_compare(
     table.md, plots in out_dir/c{c}/) and all tables in out_dir/table.md."""
     from tqdm import tqdm
 
-    from disco.compare import TARGET_LABEL, _record, _summarise, format_table
+    from disco.compare import TARGET_LABEL, _record, format_tables, summarise
     from disco.files import atomic_write_json, atomic_write_text, write_dir
 
     if config.temperature > 0:
@@ -345,7 +345,7 @@ def run_serving_compare(
                     cost["forward_s"] += proposer.forward_s
                     cost["draft_forwards"] += sum(r["draft_forwards"] for r in _runs(per_prompt, group, row.label))
         labels = [TARGET_LABEL, *(r.label for r in others)]
-        summary = {label: _summarise(label, per_prompt) for label in labels}
+        summary, by_task = summarise(labels, per_prompt)
         for label, cost in costs.items():  # the proposer's own time per draft token: deciding vs drafting
             n = max(cost["draft_forwards"], 1)
             summary[label]["decide_ms_per_draft"] = 1000 * cost["decide_s"] / n
@@ -359,6 +359,7 @@ def run_serving_compare(
             "reference": f"{TARGET_LABEL} ({ref_row.label})",
             "anchors": [r.label for r in others if r.policy is None],
             "summary": summary,
+            "summary_by_task": by_task,
             "prompts": per_prompt,
         }
     bar.close()
@@ -369,9 +370,9 @@ def run_serving_compare(
             sub = folder / f"c{c}"
             sub.mkdir()
             atomic_write_json(sub / "compare.json", result)
-            atomic_write_text(sub / "table.md", format_table(result["summary"]) + "\n")
+            atomic_write_text(sub / "table.md", format_tables(result) + "\n")
             tables.append(f"## {c} request{'s' if c > 1 else ''} at a time ({TARGET_LABEL} = {ref_row.label})\n\n")
-            tables[-1] += format_table(result["summary"]) + "\n"
+            tables[-1] += format_tables(result) + "\n"
             if plots:
                 from disco.plots import write_plots
 
@@ -469,3 +470,30 @@ def profile_load(
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def serving_generate(
+    pair: Pair, prompts: list[list[int]], spec: PolicySpec, config: DecodeConfig, load: CostModel | None = None
+) -> list[GenResult]:
+    """`disco generate --engine vllm`: the prompts submitted together to vLLM with disco's proposer under
+    `spec` (target-only for the target policy); each result's time is its share of the wall clock."""
+    if config.temperature > 0:
+        raise DiscoError("--engine vllm generates greedily here: drop --temperature (or serve with vLLM itself)")
+    SHARED.pair, SHARED.load = pair, load
+    speculates = spec.name != "target"
+    row = ServingRow(spec.name, SpecConfig("custom_class", config.max_window, PROPOSER) if speculates else SpecConfig())
+    target = pair.target_engine
+    proposer = None
+    if speculates:
+        target.llm(row.spec, max(len(prompts), DEFAULT_VLLM_MAX_SEQS))
+        proposer = SHARED.proposer
+        assert proposer is not None
+        proposer.set_policy(spec, load)
+    results, wall = row.generate(target, prompts, config.max_new_tokens, pair.eos_token_ids, len(prompts))
+    total = sum(r.stats.new_tokens for r in results) or 1
+    for ids, res in zip(prompts, results):
+        res.stats.wall_s = wall * res.stats.new_tokens / total
+        counted = proposer.stats_for(ids) if proposer is not None else None
+        if counted is not None:
+            res.stats = _with_windows(res.stats, counted)
+    return results

@@ -381,3 +381,18 @@ def test_vllm_serve_with_a_missing_artifact_stops_in_one_line(folders, tmp_path)
     assert proc.returncode != 0
     log = (tmp_path / "server.log").read_text()
     assert f"the proposer's classifier {tmp_path / 'nothing'} is not an artifact (no manifest.json)" in log
+
+
+def test_generate_with_the_policy_inside_vllm(pair, ids, reference):
+    results = serving.serving_generate(
+        pair, ids, PolicySpec("threshold", threshold=0.4), DecodeConfig(max_new_tokens=40)
+    )
+    assert [r.tokens for r in results] == reference
+    assert sum(r.stats.drafted for r in results) > 0 and all(r.stats.wall_s > 0 for r in results)
+    plain = serving.serving_generate(pair, ids, PolicySpec("target"), DecodeConfig(max_new_tokens=40))
+    assert [r.tokens for r in plain] == reference and all(r.stats.drafted == 0 for r in plain)
+
+
+def test_session_says_where_vllm_runs(pair):
+    with pytest.raises(DiscoError, match="vLLM runs its own decoding loop"):
+        pair.target_engine.session(torch.tensor([1, 2]))

@@ -112,8 +112,9 @@ class VllmTarget:
                     seed=0,
                 )
             except (RuntimeError, ValueError) as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise DiscoError(f"vLLM could not start on {self.folder}: {first}") from None
+                # pydantic's message spans lines (the field, then the reason): keep it whole, on one line
+                said = " ".join(str(e).split())[:400] or type(e).__name__
+                raise DiscoError(f"vLLM could not start on {self.folder}: {said}") from None
             from vllm import SamplingParams
             from vllm.inputs import TokensPrompt
 
