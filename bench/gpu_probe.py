@@ -24,9 +24,9 @@ every phase so that a run cut short keeps what it measured. Phases run in order 
 shapes first: dynamic, compiled, static; then the next shape pair) and one that would not fit in
 --budget-s is skipped and says so. bench/gpu_simulate.py turns the profiles into speedups on traces.
 
-Needs torch, numpy and transformers >= 5.20 (the `cache=` forward argument disco passes; the GPU
-image's 5.17 takes `past_key_values`, so a newer transformers wheel travels: bench/RESULTS.md, "GPU
-(issue 25)"); lightgbm only for the shipped classifier (skipped without it). No pandas, pyarrow,
+Needs torch, numpy and transformers >= 5.16.1 (the GPU image's 5.17 will do: the torch engine passes the
+KV cache by the keyword the model's forward takes, and rolls static caches back without StaticLayer.crop);
+lightgbm only for the shipped classifier (skipped without it). No pandas, pyarrow,
 sklearn, typer, gguf or llama_cpp on this path (threshold-adaptive runs only where sklearn is there).
 """
 
@@ -153,11 +153,11 @@ def check_transformers() -> str | None:
     import transformers
     from transformers import Qwen2ForCausalLM
 
-    if "cache" not in inspect.signature(Qwen2ForCausalLM.forward).parameters:
+    params = inspect.signature(Qwen2ForCausalLM.forward).parameters
+    if "cache" not in params and "past_key_values" not in params:  # the two keywords model_kind knows
         return (
-            f"transformers {transformers.__version__} takes past_key_values, not the cache= argument disco's "
-            "torch engine passes (transformers >= 5.20, pyproject.toml): carry a newer transformers wheel "
-            "(bench/RESULTS.md, 'GPU (issue 25)')"
+            f"transformers {transformers.__version__}: Qwen2's forward takes neither cache= nor past_key_values=, "
+            "the KV cache keywords disco's torch engine knows (transformers >= 5.16.1, pyproject.toml)"
         )
     return None
 

@@ -23,7 +23,14 @@ from disco.collect import collect, teacher_forced_trace
 from disco.compare import default_entries, run_compare
 from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
 from disco.engines.registry import teacher_forced
-from disco.engines.torch_engine import AssistedGeneration, CapturedSteps, TorchEngine, model_kind, resolve_cache
+from disco.engines.torch_engine import (
+    AssistedGeneration,
+    CapturedSteps,
+    TorchEngine,
+    _past_recording_works,
+    model_kind,
+    resolve_cache,
+)
 from disco.errors import DiscoError
 from disco.features import FEATURES, token_class_table
 from disco.hf import disco_generate
@@ -119,10 +126,30 @@ DRAFT_NOISE = {"t5": 0.1}  # the draft's weight noise: enough agreement to exerc
 PROMPTS = [[(7 * i + 3 * j) % 90 + 3 for j in range(1 + i % 7)] for i in range(12)]
 
 
+def _redraw_in_name_order(model: torch.nn.Module, seed: int) -> None:
+    """Draw the random weights again, in parameter-name order. transformers draws them in the order a version
+    registers its modules (CodeGen's attention registers qkv_proj before out_proj in 5.19, after it in 5.24), so
+    the same seed gave another tiny pair on each; the checks that depend on the pair (a classifier trained on its
+    traces drafts) need one pair on every version."""
+    cfg = model.config
+    std = getattr(cfg, "initializer_range", None) or getattr(cfg, "init_std", None)
+    if std is None:
+        return  # T5: a per-module init scale (no single std to draw with); its order has not changed
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, module in sorted(model.named_modules(), key=lambda item: item[0]):
+            for _, p in sorted(module.named_parameters(recurse=False), key=lambda item: item[0]):
+                if p.dim() >= 2:  # matrices are drawn; vectors (norm weights, biases) are constants
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std)
+            if isinstance(module, torch.nn.Embedding) and module.padding_idx is not None:
+                module.weight[module.padding_idx].zero_()  # as transformers' init leaves it
+
+
 def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     config_cls, model_cls, size = FAMILIES[family]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**size, **_COMMON)).to(dtype).eval()
+    _redraw_in_name_order(model, seed)
     head = model.get_output_embeddings()
     with torch.no_grad():
         if head.weight is model.get_input_embeddings().weight:
@@ -150,7 +177,7 @@ def tiny_family_pair(family: str):
     """(target, draft) for a family: built once per test session."""
     if family not in _PAIRS:
         target = tiny_model(family)
-        _PAIRS[family] = (target, perturbed(target, DRAFT_NOISE.get(family, 0.3)))
+        _PAIRS[family] = (target, perturbed(target, DRAFT_NOISE.get(family, 0.3), by_name=True))
     return _PAIRS[family]
 
 
@@ -252,8 +279,26 @@ def test_static_cache_lossless_every_policy(family, static_caches):
         assert accepted > 0 and (drafted > accepted or name == "oracle")  # rollback after partial acceptance ran
 
 
+def _static_layer_classes():
+    from transformers import cache_utils
+
+    return [c for c in vars(cache_utils).values() if isinstance(c, type) and issubclass(c, cache_utils.StaticLayer)]
+
+
+@pytest.fixture(params=["crop", "counters"])
+def static_rollback(request, monkeypatch):
+    """Both ways a static cache rolls back: transformers' StaticLayer.crop (5.24 on), and the engine moving the
+    layers' counters itself (`_rewind`, what transformers before 5.24 needs: here with crop taken away)."""
+    has_crop = [c for c in _static_layer_classes() if "crop" in vars(c)]
+    if request.param == "crop" and not has_crop:
+        pytest.skip(f"transformers {tf.__version__} has no StaticLayer.crop")
+    for cls in has_crop if request.param == "counters" else ():
+        monkeypatch.delattr(cls, "crop")
+    return request.param
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt_bigcode"])
-def test_static_rollback_keeps_exactly_the_committed_prefix(family, static_caches):
+def test_static_rollback_keeps_exactly_the_committed_prefix(family, static_caches, static_rollback):
     """After a rejected window, the static cache's valid length is the committed prefix, and the next
     forward sees that prefix only (stale entries past it are overwritten or masked)."""
     target, _ = tiny_family_pair(family)
@@ -295,18 +340,22 @@ def test_padded_verify_equals_unpadded(static_caches):
 
     TorchEngine.of(draft).steps = CapturedSteps(draft, (1, 2, 4, 8), compiled=False)
     config = DecodeConfig(max_new_tokens=16, max_window=6)  # verify widths up to 7: padded to 8
+    padded_runs = 0
     for prompt in PROMPTS[:6]:
         ref = target_generate(target, prompt, config).tokens
         for name in ("constant", "threshold"):
             res = speculative_generate(target, draft, prompt, make_policy(name, k=3), config)
-            assert res.tokens == ref and res.stats.padded_tokens > 0
+            assert res.tokens == ref
+            # (a run whose feeds all happen to be bucket-wide, e.g. constant k=3's verify of 4, pads nothing)
+            padded_runs += res.stats.padded_tokens > 0
+    assert padded_runs >= 6
 
 
 def test_compiled_steps_equal_eager(static_caches):
     """torch.compile on the CPU (no CUDA graphs here): the compiled steps decode exactly as eager,
     compiled once by warm_up, before any decode."""
     target = tiny_model("qwen2", dtype=torch.float32)
-    draft = perturbed(target, 0.3)
+    draft = perturbed(target, 0.3, by_name=True)
     config = DecodeConfig(max_new_tokens=12, max_window=3)
     refs = [target_generate(target, p, config).tokens for p in PROMPTS[:3]]
     spec = [speculative_generate(target, draft, p, make_policy("constant", k=3), config).tokens for p in PROMPTS[:3]]
@@ -323,7 +372,7 @@ def test_compiled_steps_equal_eager(static_caches):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_captured_cuda_graphs_equal_eager(static_caches):
     target = tiny_model("qwen2", dtype=torch.float32).cuda()
-    draft = perturbed(target, 0.3).cuda()
+    draft = perturbed(target, 0.3, by_name=True).cuda()
     config = DecodeConfig(max_new_tokens=24, max_window=6)
     eager = [speculative_generate(target, draft, p, make_policy("threshold"), config).tokens for p in PROMPTS[:4]]
     static_caches(target, draft)
@@ -365,7 +414,8 @@ def test_cache_that_cannot_be_cropped_falls_back_to_recompute(family, monkeypatc
 
 def test_sliding_window_cache_rolls_back_without_recompute():
     """Mistral with a 6-token window over 30+ tokens: its sliding-window cache layers are cropped
-    too (they record the past, as in transformers' assisted generation), never re-run."""
+    too (they record the past, as in transformers' assisted generation), never re-run. (Where recording
+    is broken, transformers 5.16 and 5.17, they do without it: past the window a rollback re-runs.)"""
     torch.manual_seed(0)
     config = tf.MistralConfig(**FAMILIES["llama"][2] | {"sliding_window": 6}, **_COMMON)
     target = tf.MistralForCausalLM(config).double().eval()
@@ -380,9 +430,33 @@ def test_sliding_window_cache_rolls_back_without_recompute():
         )
         assert ref == _generated(target, hf, len(prompt))
         res = speculative_generate(target, draft, prompt, make_policy("constant", k=4), DecodeConfig(24, 6))
-        assert res.tokens == ref and res.stats.recomputed_tokens == 0
+        assert res.tokens == ref and (res.stats.recomputed_tokens == 0 or not _past_recording_works())
         accepted += res.stats.accepted
     assert accepted > 0
+
+
+def test_static_sliding_window_cache_stays_lossless(static_caches, static_rollback):
+    """Mistral on static caches: within its window a sliding-window layer rolls back like any static layer (no
+    token re-run); past it (a 6-token window) its oldest entries are gone, so no length move can put it back, and
+    the kept tokens are re-run (transformers 5.24's own crop would move the counters anyway: wrong tokens)."""
+    for window, rerun in ((64, False), (6, True)):
+        torch.manual_seed(0)
+        config = tf.MistralConfig(**FAMILIES["llama"][2] | {"sliding_window": window}, **_COMMON)
+        target = tf.MistralForCausalLM(config).double().eval()
+        with torch.no_grad():
+            target.lm_head.weight.mul_(20.0)
+        draft = perturbed(target, 0.3)
+        refs = [target_generate(target, p, DecodeConfig(max_new_tokens=24)).tokens for p in PROMPTS[:3]]
+        static_caches(target, draft)
+        layer = TorchEngine.of(target).session(torch.tensor(PROMPTS[0]), capacity=30).cache.layers[0]
+        assert isinstance(layer, tf.cache_utils.StaticSlidingWindowLayer)
+        accepted = 0
+        for prompt, ref in zip(PROMPTS[:3], refs):
+            res = speculative_generate(target, draft, prompt, make_policy("constant", k=4), DecodeConfig(24, 6))
+            assert res.tokens == ref, (window, prompt)
+            assert (res.stats.recomputed_tokens > 0) == rerun
+            accepted += res.stats.accepted
+        assert accepted > 0
 
 
 def test_mixed_pairs_are_refused():
@@ -563,7 +637,7 @@ def test_cli_pair_option(family, tmp_path, capsys):
     target = tiny_model(family, dtype=torch.float32)
     tok = char_tokenizer()
     t = save_tiny(target, tok, tmp_path / "target")
-    d = save_tiny(perturbed(target, DRAFT_NOISE.get(family, 0.3)), tok, tmp_path / "draft")
+    d = save_tiny(perturbed(target, DRAFT_NOISE.get(family, 0.3), by_name=True), tok, tmp_path / "draft")
     pair_file = tmp_path / "pair.yaml"
     pair_file.write_text(f"name: tiny-{family}\ntarget: {t}\ndraft: {d}\ndtype: float32\nchat: false\n")
     if family == "t5":  # T5 reads its Linear layers' weights, which the int8 CPU backend packs away

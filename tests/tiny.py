@@ -52,12 +52,15 @@ def tiny_qwen(seed: int = 0, dtype: torch.dtype = torch.float64, layers: int = 2
     return model
 
 
-def perturbed(model: torch.nn.Module, noise: float, seed: int = 1) -> torch.nn.Module:
-    """A draft that agrees with `model` part of the time: the same weights plus noise."""
+def perturbed(model: torch.nn.Module, noise: float, seed: int = 1, by_name: bool = False) -> torch.nn.Module:
+    """A draft that agrees with `model` part of the time: the same weights plus noise, drawn in the order the
+    model registers its parameters, or in name order (by_name: the same draft whatever order a transformers
+    version registers them in)."""
     g = torch.Generator().manual_seed(seed)
     draft = copy.deepcopy(model)
+    params = sorted(draft.named_parameters(), key=lambda item: item[0]) if by_name else draft.named_parameters()
     with torch.no_grad():
-        for p in draft.parameters():
+        for _, p in params:
             p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * noise * p.std().clamp_min(1e-3))
     return draft
 

@@ -6,7 +6,10 @@ a cache type without a working crop is rebuilt and the kept tokens are re-run (`
 Two caches (`TorchEngine.cache`, `--cache`): transformers' DynamicCache grows by concatenation and
 crops by slicing; a StaticCache is preallocated for the whole decode (prompt + budget) and
 position-indexed, so rolling back only moves its length (stale entries past it are overwritten by
-the next forward and, until then, hidden by the causal mask). Static is what captured CUDA graphs
+the next forward and, until then, hidden by the causal mask). That length is the cache's own counter
+(the engine passes no positions: the model reads them, and the mask its offset, from the cache), so
+rolling back moves the counter, through StaticLayer.crop where transformers has it (5.24 on) and
+in place here where it does not (5.16 to 5.23: `_rewind`). Static is what captured CUDA graphs
 need (fixed addresses); `auto` picks it for decoder-only models on CUDA and keeps dynamic on the
 CPU (no launch overhead to save, and no preallocation) and for encoder-decoders.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import math
 import time
@@ -63,7 +67,7 @@ class ModelKind:
     encoder_decoder: bool  # the prompt goes through the encoder once; the decoder is the language model
     decoder_start: int | None  # first decoder token (encoder-decoders only)
     logits_to_keep: bool  # forward() takes logits_to_keep; without it the loop slices the logits itself
-    # the KV cache keyword: "cache" since transformers 5.20, "past_key_values" before (vLLM's CPU build pins < 5.20,
+    # the KV cache keyword: "cache" since transformers 5.24, "past_key_values" before (vLLM's CPU build pins < 5.20,
     # the lent GPU image carries 5.17)
     cache_arg: str = "cache"
 
@@ -182,10 +186,89 @@ def _new_cache(model: torch.nn.Module, static_len: int | None = None):
         cache = EncoderDecoderCache(cache, DynamicCache(config=model.config))
     # Sliding-window and linear-attention layers then keep what a rollback needs (transformers' own
     # assisted generation does the same); full-attention layers are unaffected. (A transformers
-    # without it has no such layers to roll back.)
-    if hasattr(cache, "activate_past_recording"):
+    # without it has no such layers to roll back.) Where recording breaks consecutive forwards
+    # (`_past_recording_works`) the cache does without: past its window a layer then cannot be cropped,
+    # and those rollbacks take the re-run path.
+    if hasattr(cache, "activate_past_recording") and _past_recording_works():
         cache.activate_past_recording()
     return cache
+
+
+@functools.cache
+def _past_recording_works() -> bool:
+    """Whether a recording sliding-window layer hands attention no more entries than its mask is sized for when
+    forwards follow one another with no crop between them, as a draft's do (transformers 5.16 and 5.17 hand it
+    every recorded entry: the first such forward past the window fails on a size mismatch). Probed once, on a
+    2-token window."""
+    try:
+        from transformers.cache_utils import DynamicSlidingWindowLayer
+    except ImportError:  # no such layer: nothing for recording to break
+        return True
+    layer = DynamicSlidingWindowLayer(sliding_window=2)
+    layer.activate_past_recording()
+    kv = torch.zeros(1, 1, 2, 1)
+    layer.update(kv, kv)  # the window is full
+    sized, _ = layer.get_mask_sizes(1)
+    keys, _ = layer.update(kv[:, :, :1], kv[:, :, :1])  # the next forward, no crop between
+    return keys.shape[-2] <= sized
+
+
+# what a cache that cannot roll back raises (transformers' own errors, and a crop it does not have)
+_ROLLBACK_ERRORS = (AttributeError, NotImplementedError, RuntimeError, ValueError)
+
+
+def _rewind(cache, n: int) -> None:
+    """Roll `cache` back past its last `n` tokens (n >= 0); raises where that cannot be done (the session then
+    starts a fresh cache and re-runs the kept tokens)."""
+    if n:
+        _crop(cache, n)
+        return
+    # crop(0) only trims what past recording kept (sliding-window and linear-attention layers); with nothing to roll
+    # back, a cache that cannot do it loses nothing (e.g. a non-recording sliding-window layer past its window raises)
+    with contextlib.suppress(*_ROLLBACK_ERRORS):
+        _crop(cache, 0)
+
+
+def _crop(cache, n: int) -> None:
+    """Remove the last `n` tokens of `cache`, static layers included.
+
+    A static layer keeps its length as counters, not in its tensors' shapes: the next forward writes its entries at
+    the counter, takes its positions from it (via get_seq_length: the engine passes none) and its attention mask's
+    offset too, so the entries past it are dead (masked, then overwritten) and rolling back is moving the counters.
+    transformers' StaticLayer.crop does exactly that where it exists (5.24 on); before it, its layers have no crop
+    at all and the counters are moved here, as that crop would."""
+    from transformers.cache_utils import StaticLayer
+
+    layers = getattr(cache, "layers", ())  # (an encoder-decoder's cache is dynamic: no static layers)
+    static = [layer for layer in layers if isinstance(layer, StaticLayer)]
+    if n:
+        for layer in static:
+            # a sliding-window static layer past its window has rolled its entries over (the oldest are gone): no
+            # counter brings them back (transformers' own crop, where it exists, does not check this)
+            if getattr(layer, "cumulative_length_int", 0) > layer.max_cache_len:
+                raise RuntimeError("a sliding-window static cache layer past its window cannot be rolled back")
+    if not static or hasattr(StaticLayer, "crop"):
+        cache.crop(-n)  # crop(0) too: it trims sliding-window layers back to their window
+        return
+    for layer in layers:
+        if hasattr(layer, "crop"):  # a dynamic layer, or a static layer's linear-attention part (hybrid layers)
+            layer.crop(-n)
+        if isinstance(layer, StaticLayer):
+            _rewind_static_layer(layer, n)
+
+
+def _rewind_static_layer(layer, n: int) -> None:
+    """Move a static layer's length counters back by `n` (what StaticLayer.crop does in transformers 5.24)."""
+    if not n:
+        return
+    if not layer.is_initialized:  # nothing written: its counter is 0 and has nothing to go back over
+        raise ValueError(f"cannot roll an empty static cache layer back by {n} tokens")
+    # in place: captured steps read the counter at a fixed address (a CUDA graph replays with it)
+    layer.cumulative_length.sub_(n)
+    if hasattr(layer, "cumulative_length_int"):  # sliding-window layers: the int that their masks are sized by
+        layer.cumulative_length_int -= n
+    if getattr(layer, "is_indexer_initialized", False):  # DSA layers: the indexer keys' own counter
+        layer.indexer_cumulative_length.sub_(n)
 
 
 def _forward(
@@ -284,9 +367,8 @@ class TorchSession:
             buf = [buf[0][n - keep : n].clone()] if buf else None
             self.length += width
             if pad:
-                self.cache.crop(-pad)
-                self.length -= pad
                 self.padded += pad
+                self._roll_back(self.length - pad)
         self._hidden = buf[0] if buf else None
         return logits
 
@@ -302,13 +384,15 @@ class TorchSession:
     def truncate(self, n_ids: int) -> None:
         """Keep the cache of the first `n_ids` tokens of prompt + output."""
         length = max(0, n_ids - self.n_prompt + len(self.prefix))
-        extra = self.length - length
-        if extra < 0:
-            return
+        if length <= self.length:
+            self._roll_back(length)
+
+    def _roll_back(self, length: int) -> None:
+        """Keep the cache of the model's first `length` tokens (at most `self.length`)."""
         try:
-            self.cache.crop(-extra)  # crop(0) too: it trims sliding-window layers back to their window
+            _rewind(self.cache, self.length - length)
             self.length = length
-        except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+        except _ROLLBACK_ERRORS:
             # A cache type without a working crop (a custom or stateful cache): start a fresh one;
             # `unseen` then hands the next forward every kept token again.
             self.cache = _new_cache(self.model, self._static_len)
