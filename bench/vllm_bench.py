@@ -2,12 +2,15 @@
 
     python bench/vllm_bench.py tune-k  K,K,... OUT      vLLM's draft-model decoding at fixed lengths, validation prompts
     python bench/vllm_bench.py tune-policy OUT          disco's proposer: threshold grid + classifier rules, validation
-    python bench/vllm_bench.py test K,K,... TAU OUT     the test table: target-only, fixed lengths, disco's rows
+    python bench/vllm_bench.py test-own K1,K8 OUT       test prompts: target-only and vLLM's fixed lengths tuned at c=1, c=8
+    python bench/vllm_bench.py test-disco TAU OUT       test prompts: target-only and disco's rows (tuned threshold, classifier)
     python bench/vllm_bench.py exact OUT                float32 instead of bf16: is vLLM's verification exact then?
 
 Every phase is one disco compare run (serving.run_serving_compare: rows interleaved per group of prompts,
-at concurrency 1 and 8) in its own process, so that only its vLLM instances hold memory (each bf16 target
-instance takes ~4 GB here). Validation prompts: bench/vllm_prompts.py (the shipped classifier's validation
+at concurrency 1 and 8) in its own process, so that only its vLLM instances hold memory: a bf16 instance of
+the embedded target holds ~6 GB of anonymous memory here, disco's proposer instance ~9 GB with its 8 llama.cpp
+draft contexts, so at most three instances fit in the 24 GB (the test table is two runs, each with its own
+target-only reference). Validation prompts: bench/vllm_prompts.py (the shipped classifier's validation
 prompts); test prompts: the first 5 of each shipped test set. Environment: OMP_NUM_THREADS=2 (vLLM otherwise
 drops torch to one thread), VLLM_CPU_KVCACHE_SPACE=1.
 """
@@ -59,18 +62,23 @@ def main() -> None:
         prompts, tokens = load_prompt_sources([VAL], None), 64
         entries = [Entry(f"threshold {t:g}", PolicySpec("threshold", threshold=t)) for t in (0.3, 0.5, 0.7, 0.8, 0.9)]
         entries += classifier_rows()
-    elif phase == "test":
-        lengths, tau = [int(k) for k in sys.argv[2].split(",")], float(sys.argv[3])
+    elif phase == "test-own":
+        lengths = [int(k) for k in sys.argv[2].split(",")]
+        prompts, tokens, entries = load_prompt_sources(TEST, 5), 128, []
+    elif phase == "test-disco":
+        lengths, tau = [], float(sys.argv[2])
         prompts, tokens = load_prompt_sources(TEST, 5), 128
         entries = [Entry(f"threshold {tau:g} (tuned)", PolicySpec("threshold", threshold=tau)), *classifier_rows()]
     elif phase == "exact":
         lengths = [3]
         prompts, tokens = load_prompt_sources([VAL], None)[::2], 64
-        entries = [Entry("threshold 0.5", PolicySpec("threshold", threshold=0.5))]
+        entries = []  # memory: two float32 instances (6.6 GB each) are what fits beside the rest
     else:
         raise SystemExit(__doc__)
     config = DecodeConfig(max_new_tokens=tokens, max_window=8)
-    settings = {"fixed_k": [(k, "") for k in lengths]}
+    # test: the lengths tuned on the validation prompts at 1 and at 8 requests (tune-k), in that order
+    tags = [" (tuned at c=1)", " (tuned at c=8)"] if phase == "test-own" else [""] * len(lengths)
+    settings = {"fixed_k": [(k, tag) for k, tag in zip(lengths, tags)]}
     result = run_serving_compare(pair, prompts, entries, config, out, LEVELS, settings=settings, load=load)
     from disco.compare import format_table
 

@@ -67,22 +67,21 @@ class CostModel:
     def at_load(self, batch: int, max_window: int = DEFAULT_MAX_WINDOW) -> CostModel:
         """The cost model of one request in a step of `batch` requests (docs/architecture.md, "vLLM"), for
         the cost rules, which weigh a window's expected tokens against its extra cost at the rate of a
-        target-only step, rho = 1 / c_t(1). Here a target-only step yields `batch` tokens for C(batch), so
-        the request's share is c_t(1) = C(batch) / batch; a window of k drafts adds what k more tokens add
-        to the whole step, C(batch + k) - C(batch) (the others taken at one token each); and its draft
-        tokens cost c_d each (the proposer drafts request by request). Batch 1 is the profile itself.
-        Windows of up to max_window drafts (the rules look no further)."""
+        target-only step, rho = 1 / c_t(1). A request's share of a step in which each of the `batch`
+        requests verifies k tokens is C(batch x k) / batch: so c_t(1) = C(batch) / batch (a target-only
+        step yields `batch` tokens), a window of k - 1 drafts adds (C(batch x k) - C(batch)) / batch, the
+        extra compute of its tokens and of the others' alike windows shared, and each draft token costs c_d
+        (the proposer drafts request by request). Batch 1 is the profile itself. Windows of up to
+        max_window drafts (the rules look no further)."""
         if not self.c_step:
             raise DiscoError(f"the cost model ({self.source}) has no load profile (c_step): profile with --engine vllm")
-        c = self.c_step
-        room = min(len(c) - batch + 1, max_window + 1)  # the widest window it covers at this load, plus one
+        room = min(len(self.c_step) // batch, max_window + 1)  # the widest window it covers at this load, plus one
         if room < 2:
             raise DiscoError(
-                f"the load profile ({self.source}) covers steps of up to {len(c)} tokens, not {batch} requests "
-                "with a draft each: profile with a larger --max-batch"
+                f"the load profile ({self.source}) covers steps of up to {len(self.c_step)} tokens, not {batch} "
+                "requests with a draft each: profile with a larger --max-batch"
             )
-        base = c[batch - 1]
-        c_t = tuple(base / batch + c[batch - 2 + k] - base for k in range(1, room + 1))
+        c_t = tuple(self.c_step[batch * k - 1] / batch for k in range(1, room + 1))
         return CostModel(self.c_d, c_t, f"{self.source} at {batch} requests", self.c_step)
 
     def verify(self, k: int) -> float:

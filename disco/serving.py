@@ -398,6 +398,17 @@ def _with_windows(stats: GenStats, counted: GenStats) -> GenStats:
 # --- disco profile --engine vllm: the target's step cost by the tokens in the step ----------------------
 
 
+def step_costs(points: dict[int, float], top: int) -> list[float]:
+    """C(1 .. top) from the step times measured at some widths: a step over more tokens never costs less, so
+    the medians are first made non-decreasing (isotonic least squares: timing noise must not make an extra
+    token look free, or cheaper than none, to the cost rules), then interpolated linearly between widths."""
+    from sklearn.isotonic import IsotonicRegression
+
+    widths = sorted(points)
+    fitted = IsotonicRegression(increasing=True).fit_transform(widths, [points[w] for w in widths])
+    return [float(v) for v in np.interp(np.arange(1, top + 1), widths, fitted)]
+
+
 def profile_load(
     pair: Pair, max_window: int, context: int, max_batch: int = DEFAULT_VLLM_MAX_SEQS, steps: int = 10, progress=True
 ) -> dict:
@@ -450,9 +461,8 @@ def profile_load(
         drafts += sum(r.stats.draft_forwards for r in [*proposer.finished, *proposer.requests])
     proposer.propose = inner  # type: ignore[method-assign]
     proposer.set_policy(SHARED.policy, None)
+    c_step = step_costs(points, max_batch * (max_window + 1))
     widths = sorted(points)
-    top = max_batch * (max_window + 1)
-    c_step = [float(v) for v in np.interp(np.arange(1, top + 1), widths, [points[w] for w in widths])]
     c_d = draft_s / max(drafts, 1)
     cost = CostModel(c_d, tuple(c_step[: max_window + 1]), "profile", tuple(c_step))
     return {
