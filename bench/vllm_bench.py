@@ -42,7 +42,9 @@ LEVELS = [1, 8]
 
 def classifier_rows() -> list[Entry]:
     return [
-        Entry("classifier cost rule (load-aware)", PolicySpec("classifier", classifier=ARTIFACT, classifier_rule="cost")),
+        Entry(
+            "classifier cost rule (load-aware)", PolicySpec("classifier", classifier=ARTIFACT, classifier_rule="cost")
+        ),
         Entry(
             "classifier cost-adaptive (load-aware)",
             PolicySpec("classifier", classifier=ARTIFACT, classifier_rule="cost-adaptive"),
@@ -86,7 +88,9 @@ def main() -> None:
         print(f"\n{c} request(s) at a time, {len(prompts)} prompts x {tokens} tokens:\n" + format_table(r["summary"]))
         for label, s in r["summary"].items():
             if "decide_ms_per_draft" in s:
-                print(f"  {label}: deciding {s['decide_ms_per_draft']:.3f} ms, drafting {s['draft_ms_per_draft']:.3f} ms per draft token")
+                print(
+                    f"  {label}: deciding {s['decide_ms_per_draft']:.3f} ms, drafting {s['draft_ms_per_draft']:.3f} ms per draft token"
+                )
 
 
 if __name__ == "__main__":
