@@ -306,7 +306,7 @@ def test_auto_takes_llamacpp_for_gguf_on_the_cpu():
     with pytest.raises(DiscoError, match="runs on the CPU"):
         resolve_engine("llama.cpp", None, None, "cuda")
     with pytest.raises(DiscoError, match="unknown engine"):
-        resolve_engine("vllm", None, None, "cpu")
+        resolve_engine("sglang", None, None, "cpu")
 
 
 def test_bad_input_gets_one_line_errors(files, tmp_path, capsys, monkeypatch):
