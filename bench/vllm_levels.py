@@ -1,0 +1,33 @@
+"""disco's load-aware classifier against vLLM target-only at 2 and 4 concurrent requests, on the test prompts
+of bench/vllm_bench.py (15 x 128 tokens): where the cost rule stops drafting (bench/RESULTS.md, "vLLM serving
+engine"). Usage: python bench/vllm_levels.py OUT"""
+
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from pathlib import Path  # noqa: E402
+
+from disco.compare import Entry, format_table  # noqa: E402
+from disco.cost import CostModel  # noqa: E402
+from disco.decode import DecodeConfig  # noqa: E402
+from disco.options import PairOptions  # noqa: E402
+from disco.pair import load_pair  # noqa: E402
+from disco.policies import PolicySpec  # noqa: E402
+from disco.prompts import load_prompt_sources  # noqa: E402
+from disco.serving import run_serving_compare  # noqa: E402
+
+ARTIFACT = "models/embedded-qwen2.5-coder-llamacpp"
+pair = load_pair(PairOptions(engine="vllm"))
+prompts = load_prompt_sources(["code-test", "explain-test", "write-test"], 5)
+entries = [
+    Entry("classifier cost rule (load-aware)", PolicySpec("classifier", classifier=ARTIFACT, classifier_rule="cost"))
+]
+load = CostModel.load("bench/out/vllm/profile.json")
+config = DecodeConfig(max_new_tokens=128, max_window=8)
+result = run_serving_compare(
+    pair, prompts, entries, config, Path(sys.argv[1]), [2, 4], settings={"fixed_k": []}, load=load, progress=False
+)
+for c, r in result["concurrency"].items():
+    print(f"\n{c} requests at a time:\n" + format_table(r["summary"]))
