@@ -114,8 +114,6 @@ class DiscoProposer:
         self._rows = []
         self.decide_s = 0.0  # in the policy (features, model, rule): the decision-cost figure
         self.forward_s = 0.0  # in draft forwards
-        self.draft_s = 0.0  # in propose() altogether (rollback, drafting, deciding)
-        self.steps = 0
 
     def _policy(self) -> StoppingPolicy | None:
         t = self._template
@@ -158,8 +156,6 @@ class DiscoProposer:
     ) -> list[list[int]]:
         """Each running request's draft tokens for this step (vLLM 0.32's custom_class interface: row i's
         tokens so far are token_ids_cpu[i, :num_tokens_no_spec[i]], this step's sampled ones included)."""
-        t0 = time.perf_counter()
-        self.steps += 1
         self._view = self._load_view(sum(1 for s in sampled_token_ids if s))
         out: list[list[int]] = []
         rows: list[_Request | None] = []
@@ -180,7 +176,6 @@ class DiscoProposer:
         for r in [r for r in self.requests if r.absent >= STALE_STEPS]:
             self.requests.remove(r)
             self._release(r)
-        self.draft_s += time.perf_counter() - t0
         return out
 
     def _load_view(self, batch: int) -> CostModel | None:
@@ -327,13 +322,8 @@ def run_serving_compare(
                     assert proposer is not None
                     proposer.set_policy(row.policy, load)
                 results_, wall = row.generate(target, group_ids, config.max_new_tokens, pair.eos_token_ids, c)
-                total = sum(r.stats.new_tokens for r in results_) or 1
+                _apportion(results_, group_ids, wall, proposer)
                 for i, res in zip(group, results_):
-                    res.stats.wall_s = wall * res.stats.new_tokens / total
-                    if proposer is not None:
-                        counted = proposer.stats_for(ids[i])
-                        if counted is not None:
-                            res.stats = _with_windows(res.stats, counted)
                     if row is ref_row:
                         refs[i] = res
                     label = TARGET_LABEL if row is ref_row else row.label
@@ -388,11 +378,17 @@ def _runs(per_prompt: list[dict], group: list[int], label: str) -> list[dict]:
     return [per_prompt[i]["runs"][label] for i in group if label in per_prompt[i]["runs"]]
 
 
-def _with_windows(stats: GenStats, counted: GenStats) -> GenStats:
-    """A vLLM run's tokens and time with the proposer's counts of that request's windows."""
-    counted.new_tokens, counted.wall_s = stats.new_tokens, stats.wall_s
-    counted.target_forwards = len(counted.windows)
-    return counted
+def _apportion(results: list[GenResult], prompts: list[list[int]], wall: float, proposer: DiscoProposer | None) -> None:
+    """Give each request of a group its share of the group's wall clock (by tokens) and, from disco's proposer,
+    the counts of its windows."""
+    total = sum(r.stats.new_tokens for r in results) or 1
+    for ids, res in zip(prompts, results):
+        res.stats.wall_s = wall * res.stats.new_tokens / total
+        counted = proposer.stats_for(ids) if proposer is not None else None
+        if counted is not None:
+            counted.new_tokens, counted.wall_s = res.stats.new_tokens, res.stats.wall_s
+            counted.target_forwards = len(counted.windows)
+            res.stats = counted
 
 
 # --- disco profile --engine vllm: the target's step cost by the tokens in the step ----------------------
@@ -500,10 +496,5 @@ def serving_generate(
         assert proposer is not None
         proposer.set_policy(spec, load)
     results, wall = row.generate(target, prompts, config.max_new_tokens, pair.eos_token_ids, len(prompts))
-    total = sum(r.stats.new_tokens for r in results) or 1
-    for ids, res in zip(prompts, results):
-        res.stats.wall_s = wall * res.stats.new_tokens / total
-        counted = proposer.stats_for(ids) if proposer is not None else None
-        if counted is not None:
-            res.stats = _with_windows(res.stats, counted)
+    _apportion(results, prompts, wall, proposer)
     return results
