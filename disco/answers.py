@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from disco.decode import DecodeConfig, target_generate
+from disco.defaults import DEFAULT_VLLM_MAX_SEQS
 from disco.embedded import cache_root
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, file_lock
@@ -89,16 +90,35 @@ def _answer(
     config = DecodeConfig(max_new_tokens=max_new_tokens)  # greedy: the target's one answer
     if progress:
         print(f"disco: answering {len(todo)} first turns with the target (cached in {path})", file=sys.stderr)
-    for p in tqdm(todo, desc="turn 1", unit="prompt", disable=not progress, file=sys.stderr):
-        try:
-            ids = pair.encode(p.prompt, chat)
-        except DiscoError as e:
-            raise DiscoError(f"prompt {p.id!r}: {e}") from e
-        if len(ids) + max_new_tokens > pair.context_length:
-            raise DiscoError(
-                f"prompt {p.id!r}: its first turn ({len(ids)} tokens) plus --max-new-tokens {max_new_tokens} "
-                f"exceeds the models' context of {pair.context_length} tokens: lower --max-new-tokens"
-            )
-        res = target_generate(pair.target, ids, config, pair.eos_token_ids)
-        answers[p.id] = {"question": p.prompt, "answer": pair.decode(res.tokens).strip(), "tokens": len(res.tokens)}
-        atomic_write_json(path, {"record": record, "answers": answers})  # after each: a kill loses one answer
+    encoded = [_encode(pair, p, max_new_tokens, chat) for p in todo]  # every check before the first answer
+    # A serving engine (vLLM) decodes by itself, several requests at once (its target has no session): its
+    # own greedy output, in batches; the others answer one prompt at a time through disco's target loop.
+    batch = DEFAULT_VLLM_MAX_SEQS if pair.serving else 1
+    bar = tqdm(total=len(todo), desc="turn 1", unit="prompt", disable=not progress, file=sys.stderr)
+    for start in range(0, len(todo), batch):
+        chunk = range(start, min(start + batch, len(todo)))
+        if pair.serving:
+            outs = pair.target_engine.greedy([encoded[i] for i in chunk], max_new_tokens, pair.eos_token_ids)
+        else:
+            outs = [target_generate(pair.target, encoded[i], config, pair.eos_token_ids).tokens for i in chunk]
+        for i, tokens in zip(chunk, outs):
+            p = todo[i]
+            answers[p.id] = {"question": p.prompt, "answer": pair.decode(tokens).strip(), "tokens": len(tokens)}
+        atomic_write_json(
+            path, {"record": record, "answers": answers}
+        )  # after each batch: a kill loses at most one batch
+        bar.update(len(chunk))
+    bar.close()
+
+
+def _encode(pair: Pair, p: Prompt, max_new_tokens: int, chat: bool) -> list[int]:
+    try:
+        ids = pair.encode(p.prompt, chat)
+    except DiscoError as e:
+        raise DiscoError(f"prompt {p.id!r}: {e}") from e
+    if len(ids) + max_new_tokens > pair.context_length:
+        raise DiscoError(
+            f"prompt {p.id!r}: its first turn ({len(ids)} tokens) plus --max-new-tokens {max_new_tokens} "
+            f"exceeds the models' context of {pair.context_length} tokens: lower --max-new-tokens"
+        )
+    return ids

@@ -594,7 +594,10 @@ def train(
     ablate: bool = typer.Option(
         DEFAULT_ABLATE, help="Also report DISCO's inputs only and each added feature group removed."
     ),
-    cross_task: bool = typer.Option(DEFAULT_CROSS_TASK, help="Also train on each task alone and test on every task."),
+    cross_task: bool = typer.Option(
+        DEFAULT_CROSS_TASK,
+        help="Also train on each task alone and test on every task (and, with several --traces, without each folder: what adding it changes).",
+    ),
     head: bool = typer.Option(
         DEFAULT_HEAD,
         help="Also fit an acceptance head on the draft's hidden state (traces collected by this disco hold it).",

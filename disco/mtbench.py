@@ -19,6 +19,7 @@ import hashlib
 import importlib.metadata
 import json
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,17 @@ def load_split(path: Path | None = None) -> dict[int, tuple[str, str]]:
                     raise DiscoError(f"{path}: question {qid} is in two places: restore the file from git")
                 out[int(qid)] = (category, split)
     return out
+
+
+_PROMPT_ID = re.compile(r"mt-bench(?:-2)?-(\d+)")  # the prompt ids prompts.py gives both turns
+
+
+def split_of_prompt(prompt_id: str, split: Mapping[int, tuple[str, str]]) -> str | None:
+    """The fixed split ("train", "val" or "test") of an MT-Bench prompt id (`mt-bench-81`,
+    `mt-bench-2-81`), None for any other id: `disco train` keeps MT-Bench prompts on their side of it."""
+    m = _PROMPT_ID.fullmatch(prompt_id)
+    where = split.get(int(m.group(1))) if m else None
+    return where[1] if where else None
 
 
 # --- prompt set names: mt-bench[-2][:CATEGORY+…][:SPLIT+…] -----------------------------------------------

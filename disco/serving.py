@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from disco.answers import answer_first_turns
 from disco.cost import CostModel
 from disco.decode import DecodeConfig, Drafter
 from disco.defaults import DEFAULT_VLLM_MAX_SEQS
@@ -299,6 +300,7 @@ def run_serving_compare(
     if not others:
         raise DiscoError("no row to run beside vLLM target-only: choose rows with --policies")
     SHARED.pair, SHARED.load = pair, load
+    prompts = answer_first_turns(pair, prompts, config.max_new_tokens, chat, progress)  # mt-bench-2: turn 1 first
     ids = [pair.encode(p.prompt, chat) for p in prompts]
     results: dict[int, dict] = {}
     bar = tqdm(total=len(concurrency) * len(prompts) * len(rows), desc="compare", unit="run", disable=not progress)

@@ -54,6 +54,7 @@ from disco.engines.base import numeric_identity
 from disco.errors import DiscoError
 from disco.features import DISCO_FEATURES, FEATURES, TARGET_SIGNALS
 from disco.files import check_out_dir, write_dir
+from disco.mtbench import load_split, split_of_prompt
 from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H
 from disco.simulate import (
     SIGNAL_COLUMNS,
@@ -94,6 +95,7 @@ TRAIN_COLUMNS = (
     *(f for f in FEATURES if f not in TARGET_SIGNALS),
 )
 ALL_TASKS = "all tasks"
+ALL_BUT = "all but "  # cross-task: trained without one trace folder
 
 
 @dataclass
@@ -203,24 +205,54 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
 
 
 def split_by_prompt(
-    prompt_ids: Sequence[str], val_fraction: float, seed: int, tasks: Sequence[str] | None = None
+    prompt_ids: Sequence[str],
+    val_fraction: float,
+    seed: int,
+    tasks: Sequence[str] | None = None,
+    fixed: Callable[[str], str | None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Boolean masks (train, validation) over rows, grouped so that no prompt is on both sides and
     stratified by task: each task with two prompts or more puts round(val_fraction * its prompts)
-    (at least one) into validation, so every task is measured."""
+    (at least one) into validation, so every task is measured. fixed(id): a prompt's side when a split
+    file places it ("train" or "val"; MT-Bench's data/mt-bench-split.json by default), None to draw it;
+    a prompt it places in "test" is refused, so training and tuning never see a test question."""
     if not 0.0 < val_fraction < 1.0:
         raise DiscoError(f"--val-fraction must be within (0, 1) (got {val_fraction})")
     ids = np.asarray(prompt_ids)
     row_tasks = np.asarray(tasks) if tasks is not None else np.full(len(ids), "")
+    fixed = fixed or _mt_bench_split()
+    placed = {pid: fixed(pid) for pid in sorted(set(ids.tolist()))}
+    tests = [pid for pid, side in placed.items() if side == "test"]
+    if tests:
+        raise DiscoError(
+            f"the traces hold {len(tests)} MT-Bench test prompt(s) ({', '.join(tests[:3])}"
+            f"{', …' if len(tests) > 3 else ''}), which training must never see: collect MT-Bench with "
+            "mt-bench:train+val (and mt-bench-2:train+val) instead"
+        )
     rng = np.random.default_rng(seed)
-    val_ids: list[str] = []
-    for task in sorted(set(row_tasks.tolist())):
-        prompts = sorted(set(ids[row_tasks == task].tolist()))
+    val_ids = [pid for pid, side in placed.items() if side == "val"]
+    drawn = np.isin(ids, [pid for pid, side in placed.items() if side is None])
+    for task in sorted(set(row_tasks[drawn].tolist())):
+        prompts = sorted(set(ids[drawn & (row_tasks == task)].tolist()))
         if len(prompts) >= 2:
             n_val = min(len(prompts) - 1, max(1, round(val_fraction * len(prompts))))
             val_ids += rng.permutation(prompts)[:n_val].tolist()
     val = np.isin(ids, val_ids)
     return ~val, val
+
+
+def _mt_bench_split() -> Callable[[str], str | None]:
+    """MT-Bench's committed split as a `fixed` of split_by_prompt (read only when an MT-Bench id is asked about)."""
+    split: dict[int, tuple[str, str]] = {}
+
+    def side(prompt_id: str) -> str | None:
+        if not prompt_id.startswith("mt-bench-"):
+            return None
+        if not split:
+            split.update(load_split())
+        return split_of_prompt(prompt_id, split)
+
+    return side
 
 
 def traces_for(data: TraceData, mask: np.ndarray, expected: bool | None = None) -> list[PromptTrace]:
@@ -678,18 +710,25 @@ def cross_task(
     """Train on one task, test on another: for each training task A (and all tasks together), fit
     on A's training prompts, tune the classifier's threshold (token rule) and tau on A's validation
     prompts, then simulate both on each task B's validation prompts (never seen in fitting or tuning).
+    With several trace folders, also "all but FOLDER" for each: fitted and tuned without that folder's
+    prompts, so beside "all tasks" it shows what adding the folder changes on every task.
     full: the model trained on all tasks, its tuned token threshold and tau, reused as is."""
     from tqdm.auto import tqdm
 
     masks = task_masks(data.rows)
     drafted = data.rows["oracle_drafted"].to_numpy(bool)
     val_traces = {t: traces_for(data, val_mask & m) for t, m in masks.items()}
+    source = data.rows["_source"].to_numpy()
+    # (name, rows it may fit and tune on, its validation traces to tune on)
+    arms = [(t, m, val_traces[t]) for t, m in masks.items()]
+    arms.append((ALL_TASKS, np.ones(len(y), bool), [tr for t in masks for tr in val_traces[t]]))
+    if len(data.manifests) > 1:
+        for i, manifest in enumerate(data.manifests):
+            keep = source != i
+            arms.append((f"{ALL_BUT}{manifest['path']}", keep, traces_for(data, val_mask & keep)))
     rows = []
-    for a, mask_a in tqdm(
-        [*masks.items(), (ALL_TASKS, np.ones(len(y), bool))], desc="cross-task", disable=not cfg.progress
-    ):
+    for a, mask_a, tune_on in tqdm(arms, desc="cross-task", disable=not cfg.progress):
         fit = train_mask & drafted & mask_a
-        tune_on = [tr for t in masks if a in (t, ALL_TASKS) for tr in val_traces[t]]
         if len(np.unique(y[fit])) < 2 or not tune_on:
             continue  # one class only (or no validation prompt): nothing to learn or tune for this task
         if a == ALL_TASKS:
@@ -732,6 +771,31 @@ def cross_task(
                 }
             )
     return rows
+
+
+def adding_table(cross: Sequence[dict]) -> list[str]:
+    """Markdown lines: for each "all but FOLDER" arm of cross_task, each task's validation speedup without
+    the folder and with it (the "all tasks" arm), for the classifier and the tuned threshold."""
+    full = {r["test_task"]: r for r in cross if r["train_task"] == ALL_TASKS}
+    lines: list[str] = []
+    for arm in dict.fromkeys(r["train_task"] for r in cross if r["train_task"].startswith(ALL_BUT)):
+        lines += [
+            "",
+            f"What adding {arm[len(ALL_BUT) :]} changes (each task's validation prompts; without it: fitted and "
+            "tuned on the other folders):",
+            "",
+            "| task | classifier without | with | change | tuned threshold without | with | classifier / threshold with |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in cross:
+            w = full.get(r["test_task"])
+            if r["train_task"] == arm and w is not None:
+                lines.append(
+                    f"| {r['test_task']} | {r['classifier']:.3f} | {w['classifier']:.3f} | "
+                    f"{w['classifier'] / r['classifier'] - 1:+.1%} | {r['tuned_threshold']:.3f} | "
+                    f"{w['tuned_threshold']:.3f} | {w['ratio']:.3f} |"
+                )
+    return lines
 
 
 # --- the whole command -------------------------------------------------------------------------
@@ -828,6 +892,7 @@ class TrainReport:
                 f"{r['tau']:g} | {r['tuned_threshold']:.3f} | {r['ratio']:.3f} |"
                 for r in self.cross_task
             ]
+            lines += adding_table(self.cross_task)
         if self.importance:
             lines += [
                 "",

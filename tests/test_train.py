@@ -78,6 +78,30 @@ def test_split_is_by_prompt(data):
         split_by_prompt(ids, 1.0, 0)
 
 
+def test_mt_bench_prompts_keep_their_fixed_split_and_the_others_are_drawn_as_before(data):
+    from disco.mtbench import load_split
+
+    rows = data[0].rows
+    ids, tasks = rows["prompt_id"].to_numpy(), rows["task"].to_numpy()
+    before = split_by_prompt(ids, 0.25, 3, tasks)
+    split = load_split()
+    train_q = sorted(q for q, (_, side) in split.items() if side == "train")[:3]
+    val_q = sorted(q for q, (_, side) in split.items() if side == "val")[:2]
+    extra = [f"mt-bench-{q}" for q in train_q + val_q] + [f"mt-bench-2-{val_q[0]}", f"mt-bench-2-{train_q[0]}"]
+    all_ids = np.concatenate([ids, extra])
+    all_tasks = np.concatenate([tasks, ["coding"] * len(extra)])
+    train_mask, val_mask = split_by_prompt(all_ids, 0.25, 3, all_tasks)
+    n = len(ids)
+    assert (train_mask[:n] == before[0]).all() and (val_mask[:n] == before[1]).all()  # unchanged
+    assert set(all_ids[n:][val_mask[n:]]) == {f"mt-bench-{q}" for q in val_q} | {f"mt-bench-2-{val_q[0]}"}
+    assert set(all_ids[n:][train_mask[n:]]) == {f"mt-bench-{q}" for q in train_q} | {f"mt-bench-2-{train_q[0]}"}
+    test_q = min(q for q, (_, side) in split.items() if side == "test")
+    with pytest.raises(DiscoError, match=rf"1 MT-Bench test prompt\(s\) \(mt-bench-2-{test_q}\).*mt-bench:train\+val"):
+        split_by_prompt(np.concatenate([ids, [f"mt-bench-2-{test_q}"]]), 0.25, 3, np.concatenate([tasks, ["x"]]))
+    # an id that only looks like one (no question number MT-Bench has) is drawn like any other
+    assert split_by_prompt(np.array(["mt-bench-9999", "mt-bench-x", "a", "b"]), 0.5, 0)[1].sum() == 2
+
+
 def test_threshold_is_the_argmax_of_simulated_speedup(data):
     _, X, y, tr, _, val_traces = data
     model = fit_model("logistic", X[tr], y[tr])
@@ -311,6 +335,33 @@ def test_disco_train_command(traces_dir, tmp_path, capsys):
         assert row["ratio"] == pytest.approx(row["classifier"] / row["tuned_threshold"])
     code, _, err = cli(capsys, "train", "--traces", tmp_path / "nope", "--out", out)
     assert code == 2 and err.count("\n") == 1 and "no trace folder" in err
+
+
+def test_cross_task_shows_what_adding_a_trace_folder_changes(tmp_path):
+    """With two --traces folders, cross-task also fits and tunes without each one ("all but FOLDER") and
+    tests on every task: tau of "all but B" is the threshold tuned on A's validation prompts alone."""
+    a = write_traces(tmp_path / "a", random_traces(20, 40, seed=1))
+    b_rows = random_traces(12, 40, seed=2)
+    b_rows = b_rows.assign(prompt_id="b" + b_rows["prompt_id"], task="chat")
+    b = write_traces(tmp_path / "b", b_rows)
+    cost = CostModel.default(8)
+    report = train(
+        TrainConfig([a, b], tmp_path / "out", model="logistic", max_window=8, cross_task=True, progress=False)
+    )
+    cross = {(r["train_task"], r["test_task"]): r for r in report.cross_task}
+    arms = {r["train_task"] for r in report.cross_task}
+    assert arms == {"code", "write", "chat", "all tasks", f"all but {a}", f"all but {b}"}
+    assert {t for (arm, t) in cross if arm == f"all but {b}"} == {"code", "write", "chat"}
+    data = load_trace_data([a, b])
+    _, val_mask = split_by_prompt(data.rows["prompt_id"].to_numpy(), 0.2, 0, data.rows["task"].to_numpy())
+    from_a = traces_for(data, val_mask & (data.rows["_source"].to_numpy() == 0))
+    tau = tune(from_a, lambda th: replay_policy("threshold", threshold=th), THRESHOLD_GRID, cost, 8).best
+    assert all(r["tau"] == tau for (arm, _), r in cross.items() if arm == f"all but {b}")
+    md = report.markdown()
+    assert f"What adding {b} changes" in md and f"What adding {a} changes" in md
+    without, with_ = cross[(f"all but {b}", "chat")], cross[("all tasks", "chat")]
+    change = with_["classifier"] / without["classifier"] - 1
+    assert f"| chat | {without['classifier']:.3f} | {with_['classifier']:.3f} | {change:+.1%} |" in md
 
 
 def test_collect_train_and_decode_with_the_classifier(tmp_path):

@@ -225,6 +225,33 @@ def test_serving_compare_rows_and_counts(pair, tmp_path):
     assert (tmp_path / "out" / "c3" / "table.md").is_file()
 
 
+def test_serving_compare_asks_second_turns_after_vllms_own_answers(pair, tmp_path, monkeypatch):
+    """mt-bench-2 on vLLM: the first turns are answered by vLLM target-only, together (its target has no
+    session), cached, and each second turn is decoded as the whole conversation."""
+    from disco import answers
+    from disco.compare import Entry
+
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
+    prompts = [Prompt(f"q{i}", "t-2", p, follow_up="and then?") for i, p in enumerate(PROMPTS[:3])]
+    batches: list[int] = []
+    real = pair.target_engine.greedy
+    monkeypatch.setattr(pair.target_engine, "greedy", lambda ps, *a: batches.append(len(ps)) or real(ps, *a))
+    args = (pair, prompts, [Entry("constant k=2", PolicySpec("constant", k=2))], DecodeConfig(12, 4), tmp_path / "o")
+    result = serving.run_serving_compare(*args, [1], chat=False, progress=False, plots=False, settings={"fixed_k": []})
+    assert batches == [3]
+    firsts = real([pair.encode(p.prompt, False) for p in prompts], 12, pair.eos_token_ids)
+    turns = [p.answered(pair.decode(f).strip()) for p, f in zip(prompts, firsts)]
+    runs = result["concurrency"][1]["prompts"]
+    assert [r["prompt_tokens"] for r in runs] == [len(pair.encode(t.prompt, False)) for t in turns]
+    assert result["concurrency"][1]["summary"]["vllm + constant k=2"]["lossless"]
+    cached = json.loads(answers.answers_path(answers.answers_record(pair, False, 12)).read_text())["answers"]
+    assert set(cached) == {"q0", "q1", "q2"}
+    serving.run_serving_compare(
+        *args[:4], tmp_path / "o2", [1], chat=False, progress=False, plots=False, settings={"fixed_k": []}
+    )
+    assert batches == [3]  # from the cache
+
+
 # --- bad input -----------------------------------------------------------------------------------------
 
 

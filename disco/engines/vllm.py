@@ -140,6 +140,10 @@ class VllmTarget:
         wall = time.perf_counter() - t0
         return [list(o.outputs[0].token_ids) for o in outs], wall
 
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int, eos: Collection[int]) -> list[list[int]]:
+        """vLLM target-only's greedy outputs of `prompts` submitted together (answers.py: first turns)."""
+        return self.generate_batch(SpecConfig(), prompts, max_new_tokens, eos, len(prompts))[0]
+
     # --- the engine interface (docs/architecture.md, "Engines"): what applies to a serving engine ----
 
     @property
