@@ -10,9 +10,10 @@ Rows are every policy at the setting `disco train` tuned on the validation quest
 validation prompts) under that engine's costs, the shipped classifier, and the engine's own speculative
 decoding: on llama.cpp the artifact's own tuned record (llama.cpp's exact-verification costs) and llama-server
 (-md tuned on the earlier validation prompts), on vLLM the record of the same traces trained under vLLM's
-costs at one request (VLLM_ARTIFACT, bench/mtbench_pipeline.sh) and vLLM's draft-model decoding at k = 3
-(tuned at one request in issue 23) and at the constant k tuned there. The shipped classifier on vLLM runs its
-cost rule load-aware, as `vllm serve` would. Untuned paper defaults, the fast-verification variants and the
+costs at one request without the target's signals (VLLM_ARTIFACT, the policy shipped for vLLM:
+bench/mtbench_pipeline.sh) and vLLM's draft-model decoding at k = 3 (tuned at one request in issue 23) and at
+the constant k tuned there. Both classifiers (that one, and the llama.cpp pair's, which reads target signals
+vLLM cannot give) run their cost rule load-aware, as `vllm serve` would. Untuned paper defaults, the fast-verification variants and the
 classifier's other rules are left out: each row costs ~3 min of this 2-core machine on 32 prompts x 128 tokens.
 Environment for vLLM: OMP_NUM_THREADS=2, VLLM_CPU_KVCACHE_SPACE=1 (set here when unset).
 """
@@ -78,7 +79,11 @@ def vllm(artifact: str, out: Path) -> None:
     entries = [
         *tuned_rows(tuned),
         Entry(
-            "classifier cost rule (shipped, load-aware)",
+            f"classifier cost rule ({Path(artifact).name}, load-aware)",
+            PolicySpec("classifier", classifier=artifact, classifier_rule="cost"),
+        ),
+        Entry(
+            f"classifier cost rule ({Path(SHIPPED).name}, load-aware)",
             PolicySpec("classifier", classifier=SHIPPED, classifier_rule="cost"),
         ),
     ]

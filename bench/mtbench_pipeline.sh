@@ -13,7 +13,7 @@ PY=${PY:-.venv/bin/python}
 MT_TRACES=${MT_TRACES:-traces/llamacpp-mtbench-trainval-128}
 SHIPPED_TRACES=${SHIPPED_TRACES:-traces/llamacpp-v2-train-128}
 CLF=models/embedded-qwen2.5-coder-llamacpp
-VLLM_CLF=${VLLM_CLF:-runs/mtbench/vllm-c1}
+VLLM_CLF=${VLLM_CLF:-models/embedded-qwen2.5-coder-vllm}
 OUT=${OUT:-bench/out/mtbench}
 STEPS=${STEPS:-collect train train-vllm compare-llamacpp compare-vllm report}
 mkdir -p "$OUT" runs/mtbench
@@ -28,10 +28,11 @@ for step in $STEPS; do case $step in
     $DISCO train --traces "$SHIPPED_TRACES" --traces "$MT_TRACES" --profile bench/llamacpp/profile-exact.json \
       --out "$CLF" --overwrite --ablate 2>&1 | tee "$OUT/train-llamacpp.log"
     git checkout -- "$CLF/README.md" "$CLF/server-tuned.json" ;;  # --overwrite replaced the folder whole
-  train-vllm)  # the same traces under vLLM's costs at one request: its tuned settings, and what MT-Bench adds
+  train-vllm)  # the policy for vLLM: the same traces under vLLM's costs at one request, without the target's
+    # signals (vLLM's proposer never sees them); its tuned settings for every vLLM row; what MT-Bench adds
     $PY bench/mtbench_bench.py profile-c1
     $DISCO train --traces "$SHIPPED_TRACES" --traces "$MT_TRACES" --profile bench/vllm/profile-c1.json \
-      --max-window 8 --out "$VLLM_CLF" --overwrite --cross-task 2>&1 | tee "$OUT/train-vllm.log" ;;
+      --max-window 8 --no-target-signals --out "$VLLM_CLF" --overwrite --cross-task 2>&1 | tee "$OUT/train-vllm.log" ;;
   compare-llamacpp)
     $PY bench/mtbench_bench.py llamacpp "$OUT/compare-llamacpp" 2>&1 | tee "$OUT/compare-llamacpp.log" ;;
   compare-vllm)

@@ -48,6 +48,7 @@ from disco.defaults import (
     DEFAULT_SEED,
     DEFAULT_SEEDS,
     DEFAULT_SHARD_PROMPTS,
+    DEFAULT_TARGET_SIGNALS,
     DEFAULT_TEMPERATURE,
     DEFAULT_THRESHOLD,
     DEFAULT_TOP_P,
@@ -596,7 +597,13 @@ def train(
     ),
     cross_task: bool = typer.Option(
         DEFAULT_CROSS_TASK,
-        help="Also train on each task alone and test on every task (and, with several --traces, without each folder: what adding it changes).",
+        help="Also train on each task alone and test on every task (and, with several --traces, "
+        "without each folder: what adding it changes).",
+    ),
+    target_signals: bool = typer.Option(
+        DEFAULT_TARGET_SIGNALS,
+        help="Fit on what the target said at the end of the previous window (last_*); --no-target-signals "
+        "for a policy run where the target's probabilities are not seen (inside vLLM).",
     ),
     head: bool = typer.Option(
         DEFAULT_HEAD,
@@ -628,6 +635,7 @@ def train(
             cross_task,
             head,
             labels=labels,
+            target_signals=target_signals,
         )
     )
     typer.echo(report.markdown())

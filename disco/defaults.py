@@ -38,6 +38,7 @@ DEFAULT_LABELS = "auto"
 DEFAULT_BALANCED = False  # reweight accepted/rejected tokens to equal weight
 DEFAULT_ABLATE = False  # also train on feature subsets and report their tuned speedups
 DEFAULT_CROSS_TASK = False  # also train on each task alone and test on every task
+DEFAULT_TARGET_SIGNALS = True  # fit on the previous window's target-side signals (last_*) when the traces hold them
 DEFAULT_HEAD = True  # also fit an acceptance head on the draft's hidden state (traces that hold it)
 
 # --- compare (compare.py) ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ PROPOSER = "disco.serving.DiscoProposer"
 ENV = "DISCO_VLLM_POLICY"  # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "pair": {...}, "profile": ...}
 GREEDY = DecodeConfig()  # the proposer drafts each request's most likely tokens (vLLM verifies, also when sampling)
 STALE_STEPS = 4  # a request absent from this many steps in a row has finished: its draft session is freed
+_WARNED: set[str] = set()  # classifiers already told they read target signals vLLM cannot give (once each)
 
 
 @dataclass
@@ -107,6 +109,15 @@ class DiscoProposer:
             raise DiscoError(f"the {spec.name} policy needs the target's output in advance: not in vLLM")
         self.spec, self.load = spec, load
         self._template = spec.build(pair=self.pair, max_window=self.k_max)
+        if getattr(self._template, "reads_signals", False) and spec.classifier not in _WARNED:
+            _WARNED.add(spec.classifier)
+            # vLLM verifies without showing the proposer the target's probabilities: its last_* features
+            # stay at their before-any-window values, which the model never saw after a window in training
+            print(
+                f"disco: {spec.classifier} reads the target's signals (last_*), which vLLM does not show its "
+                "proposer: they stay at their first-window values; for vLLM train with --no-target-signals",
+                file=sys.stderr,
+            )
         self._views: dict[int, CostModel] = {}
         for r in self.requests:
             self._release(r)

@@ -45,6 +45,7 @@ from disco.defaults import (
     DEFAULT_HEAD,
     DEFAULT_LABELS,
     DEFAULT_MODEL,
+    DEFAULT_TARGET_SIGNALS,
     DEFAULT_TRAIN_SEED,
     DEFAULT_VAL_FRACTION,
     LABELS,
@@ -112,6 +113,9 @@ class TrainConfig:
     cross_task: bool = DEFAULT_CROSS_TASK  # also train on each task alone and test on every task
     head: bool = DEFAULT_HEAD  # also fit an acceptance head on the draft's hidden state (traces that hold it)
     progress: bool = True  # progress bars on stderr
+    target_signals: bool = (
+        DEFAULT_TARGET_SIGNALS  # fit on the last_* features (False: for vLLM, which cannot give them)
+    )
     labels: str = (
         DEFAULT_LABELS  # fit on: "sampled" accept/reject, "soft" min(1, p/q) (sampled traces); auto: soft when sampled
     )
@@ -929,6 +933,8 @@ def train(cfg: TrainConfig) -> TrainReport:
     cost.verify(cfg.max_window + 1)  # fail now, not after training, if the profile is too short
     check_out_dir(cfg.out, "--out", True, "artifact")  # a file or a trace folder is refused before any work
     data = load_trace_data(cfg.traces)
+    if not cfg.target_signals:  # a policy for an engine that cannot show it the target's probabilities
+        data.features = [i for i in data.features if FEATURES[i] not in TARGET_SIGNALS]
     rows = data.rows
     train_mask, val_mask = split_by_prompt(rows["prompt_id"].to_numpy(), cfg.val_fraction, cfg.seed, row_tasks(rows))
     check_split(rows, train_mask, val_mask)
@@ -1037,6 +1043,7 @@ def train(cfg: TrainConfig) -> TrainReport:
             "balanced": cfg.balanced,
             "seed": cfg.seed,
             "val_fraction": cfg.val_fraction,
+            "target_signals": cfg.target_signals,
             "models": list(models),
             **split,
             "traces": data.manifests,

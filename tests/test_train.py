@@ -364,6 +364,21 @@ def test_cross_task_shows_what_adding_a_trace_folder_changes(tmp_path):
     assert f"| chat | {without['classifier']:.3f} | {with_['classifier']:.3f} | {change:+.1%} |" in md
 
 
+def test_no_target_signals_trains_a_model_that_does_not_read_them(traces_dir, tmp_path):
+    """--no-target-signals (for vLLM, whose proposer never sees the target's probabilities): no last_*
+    column among the model's inputs, so the live policy never asks for them."""
+    assert load_trace_data([traces_dir]).features == list(range(len(FEATURES)))  # the traces hold them
+    out = tmp_path / "clf"
+    train(TrainConfig([traces_dir], out, model="logistic", max_window=8, progress=False, target_signals=False))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["training"]["target_signals"] is False
+    assert not set(manifest["columns"]) & set(TARGET_SIGNALS) and len(manifest["columns"]) == len(FEATURES) - 4
+    art = load_artifact(out, expect_pair=PAIR)
+    assert not ClassifierPolicy(art, 0.5).reads_signals
+    train(TrainConfig([traces_dir], tmp_path / "with", model="logistic", max_window=8, progress=False))
+    assert ClassifierPolicy(load_artifact(tmp_path / "with", expect_pair=PAIR), 0.5).reads_signals
+
+
 def test_collect_train_and_decode_with_the_classifier(tmp_path):
     """The whole pipeline on a tiny pair: disco collect -> disco train -> the live classifier policy,
     lossless, and deciding as the simulator predicted on the validation prompts."""
