@@ -5,16 +5,21 @@ default engine (llama.cpp) and where drafting pays (vLLM), every policy per cate
     python bench/mtbench_bench.py llamacpp OUT                  disco compare on llama.cpp (run_compare)
     python bench/mtbench_bench.py vllm VLLM_ARTIFACT OUT        disco compare on vLLM at 1 request (run_serving_compare)
     python bench/mtbench_bench.py report OUT/compare.json PROFILE   per-category tables (wall clock, cost model) + oracle windows
+    python bench/mtbench_bench.py simulate TRACES ARTIFACT PROFILE W  every policy simulated on test traces, per category,
+                                                                      and the oracle's windows there (W: longest window)
 
 Rows are every policy at the setting `disco train` tuned on the validation questions (and the shipped sets'
 validation prompts) under that engine's costs, the shipped classifier, and the engine's own speculative
-decoding: on llama.cpp the artifact's own tuned record (llama.cpp's exact-verification costs) and llama-server
-(-md tuned on the earlier validation prompts), on vLLM the record of the same traces trained under vLLM's
-costs at one request without the target's signals (VLLM_ARTIFACT, the policy shipped for vLLM:
-bench/mtbench_pipeline.sh) and vLLM's draft-model decoding at k = 3 (tuned at one request in issue 23) and at
-the constant k tuned there. Both classifiers (that one, and the llama.cpp pair's, which reads target signals
-vLLM cannot give) run their cost rule load-aware, as `vllm serve` would. Untuned paper defaults, the fast-verification variants and the
-classifier's other rules are left out: each row costs ~3 min of this 2-core machine on 32 prompts x 128 tokens.
+decoding: on llama.cpp the artifact's own tuned record (llama.cpp's exact-verification costs) and
+llama-server (-md tuned on the earlier validation prompts), on vLLM the record of the same traces trained
+under vLLM's costs at one request without the target's signals (VLLM_ARTIFACT, the policy shipped for vLLM:
+bench/mtbench_pipeline.sh) and vLLM's draft-model decoding at k = 3 (tuned at one request in issue 23; one
+length only: a fourth vLLM instance does not fit in the 24 GB). Both classifiers (that one, and the llama.cpp
+pair's, which reads target signals vLLM cannot give) run their cost rule load-aware, as `vllm serve` would.
+Untuned paper defaults, the fast-verification variants and the classifier's other rules are left out: each
+row costs minutes of this 2-core machine on 32 prompts x 128 tokens. On llama.cpp, where no drafting pays
+here, the live rows are only the tuned threshold, the classifier, the oracle and llama-server -md (tuned);
+every policy is simulated on the test prompts' traces instead (`simulate`).
 Environment for vLLM: OMP_NUM_THREADS=2, VLLM_CPU_KVCACHE_SPACE=1 (set here when unset).
 """
 
@@ -61,13 +66,15 @@ def llamacpp(out: Path) -> None:
     from disco.engines.llamacpp_server import server_anchors
 
     pair = load_pair(PairOptions(engine="llama.cpp"))
+    tuned = tuned_from_artifact(SHIPPED)
     entries = [
-        *tuned_rows(tuned_from_artifact(SHIPPED)),
+        Entry(f"threshold {tuned['threshold']:g} (tuned)", PolicySpec("threshold", threshold=tuned["threshold"])),
         Entry("classifier", PolicySpec("classifier", classifier=SHIPPED)),
+        Entry("oracle", PolicySpec("oracle")),
     ]
-    entries.append(Entry("oracle", PolicySpec("oracle")))
-    entries += [Entry(a.label, own=a) for a in server_anchors(pair.target_engine, pair.draft, tuned_server(SHIPPED))]
-    entries = [e for e in entries if "defaults" not in e.label]  # llama-server: target-only and -md tuned
+    # llama-server -md at its tuned setting (its target-only and llama.cpp's defaults left out, for time)
+    anchors = server_anchors(pair.target_engine, pair.draft, tuned_server(SHIPPED))
+    entries += [Entry(a.label, own=a) for a in anchors if "tuned" in a.label]
     run_compare(pair, load_prompt_sources(TEST), entries, DecodeConfig(max_new_tokens=TOKENS), out)
 
 
@@ -87,7 +94,8 @@ def vllm(artifact: str, out: Path) -> None:
             PolicySpec("classifier", classifier=SHIPPED, classifier_rule="cost"),
         ),
     ]
-    lengths = [(OWN_K, " (tuned in issue 23)")] + ([(tuned["k"], " (tuned k)")] if tuned["k"] != OWN_K else [])
+    # one fixed length only: a fourth vLLM instance (target-only, draft-model, disco's proposer) does not fit in 24 GB
+    lengths = [(OWN_K, " (tuned in issue 23)")]
     run_serving_compare(
         pair,
         load_prompt_sources(TEST),
@@ -153,6 +161,56 @@ def report(compare_json: str, profile: str) -> None:
         )
 
 
+def simulate_report(traces: str, artifact: str, profile: str, max_window: int) -> None:
+    """Every row's simulated speedup per category on the test prompts' traces (disco collect), each policy at
+    the artifact's tuned settings, and the oracle's rounds per category from the traces' labels."""
+    import numpy as np
+
+    from disco.artifact import load_artifact
+    from disco.simulate import replay_policy, simulate_many
+    from disco.train import load_trace_data, traces_for
+
+    cost = CostModel.load(profile)
+    data = load_trace_data([traces])
+    art = load_artifact(artifact, expect_pair=data.pair)
+    tuned = tuned_from_artifact(artifact)
+    w = {"max_window": max_window}
+    factories = {
+        "oracle": replay_policy("oracle", **w),
+        f"classifier ({art.rule} rule {art.threshold:g})": replay_policy(
+            "classifier", threshold=art.threshold, model=art, rule=art.rule, cost=cost, **w
+        ),
+        f"threshold {tuned['threshold']:g} (tuned)": replay_policy("threshold", threshold=tuned["threshold"], **w),
+        f"constant k={tuned['k']} (tuned)": replay_policy("constant", k=tuned["k"], **w),
+        "heuristic": replay_policy("heuristic", **w),
+        f"adaedl λ0={tuned['adaedl_lambda']:g} (tuned)": replay_policy("adaedl", lam=tuned["adaedl_lambda"], **w),
+        f"svip h={tuned['svip_h']:g} (tuned)": replay_policy("svip", h=tuned["svip_h"], **w),
+    }
+    rows = data.rows
+    tasks = list(dict.fromkeys(rows["task"].tolist()))
+    masks = {"all": np.ones(len(rows), bool), **{t: (rows["task"] == t).to_numpy() for t in tasks}}
+    sims = {g: simulate_many(traces_for(data, m), factories, max_window) for g, m in masks.items()}
+    n = {g: rows.loc[m, "prompt_id"].nunique() for g, m in masks.items()}
+    print(f"Simulated speedup ({cost.source}, windows of up to {max_window}), test prompts' traces:\n")
+    print("| policy | " + " | ".join(f"{g} ({n[g]})" for g in masks) + " |\n|---|" + "---|" * len(masks))
+    for label in factories:
+        print(f"| {label} | " + " | ".join(f"{sims[g][label].speedup(cost):.2f}" for g in masks) + " |")
+    print(
+        "\nThe oracle's rounds per category (from the labels: each round drafts until the first rejected token; "
+        "'accepted' = the draft's tokens the target keeps before its own):\n\n| category | prompts | tokens | "
+        "from the draft | rounds per 100 tokens | mean accepted | median | rounds accepting 0 | accepting ≥ 8 |"
+        "\n|---|---|---|---|---|---|---|---|---|"
+    )
+    for g, m in masks.items():
+        sub = rows.loc[m & (rows["window_id"].to_numpy() >= 0)]
+        acc = sub.groupby(["prompt_id", "window_id"])["label"].sum().to_numpy()
+        tokens = int(m.sum())
+        print(
+            f"| {g} | {n[g]} | {tokens} | {acc.sum() / tokens:.0%} | {100 * len(acc) / tokens:.1f} | "
+            f"{acc.mean():.2f} | {np.median(acc):g} | {(acc == 0).mean():.0%} | {(acc >= 8).mean():.0%} |"
+        )
+
+
 def main() -> None:
     phase = sys.argv[1] if len(sys.argv) > 1 else ""
     if phase == "profile-c1":
@@ -163,6 +221,8 @@ def main() -> None:
         vllm(sys.argv[2], Path(sys.argv[3]))
     elif phase == "report" and len(sys.argv) == 4:
         report(sys.argv[2], sys.argv[3])
+    elif phase == "simulate" and len(sys.argv) == 6:
+        simulate_report(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
     else:
         raise SystemExit(__doc__)
 

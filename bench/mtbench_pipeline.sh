@@ -3,9 +3,9 @@
 # shipped sets', the shipped llama.cpp policy retrained on both, the same traces trained under vLLM's costs at
 # one request (tuned settings for the vLLM rows, and the cross-task report of what MT-Bench adds), then compare
 # on the 32 MT-Bench test prompts (16 questions x 2 turns) x 128 tokens on llama.cpp and on vLLM.
-# 2-core CPU: collect ~12 min (MT-Bench, incl. answering 64 first turns) + ~25 min (273 shipped prompts),
-# training ~2 + ~4 min, llama.cpp compare ~30 min, vLLM compare ~45 min. One heavy step at a time; every step
-# resumes (collect) or is quick to redo.
+# 2-core CPU (2026-12-01): collect 26 min (MT-Bench, incl. answering 64 first turns) + ~50 min (273 shipped
+# prompts; stopped after 181 for time), training 2.5 + 5 min, vLLM compare ~60 min, test traces ~6 min,
+# llama.cpp compare ~20 min. One heavy step at a time; every step resumes (collect) or is quick to redo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}
@@ -15,7 +15,8 @@ SHIPPED_TRACES=${SHIPPED_TRACES:-traces/llamacpp-v2-train-128}
 CLF=models/embedded-qwen2.5-coder-llamacpp
 VLLM_CLF=${VLLM_CLF:-models/embedded-qwen2.5-coder-vllm}
 OUT=${OUT:-bench/out/mtbench}
-STEPS=${STEPS:-collect train train-vllm compare-llamacpp compare-vllm report}
+TEST_TRACES=${TEST_TRACES:-traces/llamacpp-mtbench-test-128}
+STEPS=${STEPS:-collect train train-vllm compare-vllm collect-test simulate compare-llamacpp report}
 mkdir -p "$OUT" runs/mtbench
 
 for step in $STEPS; do case $step in
@@ -33,6 +34,16 @@ for step in $STEPS; do case $step in
     $PY bench/mtbench_bench.py profile-c1
     $DISCO train --traces "$SHIPPED_TRACES" --traces "$MT_TRACES" --profile bench/vllm/profile-c1.json \
       --max-window 8 --no-target-signals --out "$VLLM_CLF" --overwrite --cross-task 2>&1 | tee "$OUT/train-vllm.log" ;;
+  collect-test)  # the test questions' traces: only for simulating every policy per category (never trained on)
+    $DISCO collect --engine llama.cpp --prompts mt-bench:test,mt-bench-2:test --max-new-tokens 128 \
+      --out "$TEST_TRACES" 2>&1 | tee -a "$OUT/collect-test.log" ;;
+  simulate)
+    $PY bench/mtbench_bench.py simulate "$TEST_TRACES" "$CLF" bench/llamacpp/profile-exact.json 20 \
+      | tee "$OUT/simulate-llamacpp.md"
+    $PY bench/mtbench_bench.py simulate "$TEST_TRACES" "$VLLM_CLF" bench/vllm/profile-c1.json 8 \
+      | tee "$OUT/simulate-vllm.md"
+    $PY bench/signals_in_vllm.py bench/vllm/profile-c1.json "$SHIPPED_TRACES,$MT_TRACES" "$CLF" "$VLLM_CLF" \
+      | tee "$OUT/signals-in-vllm.md" ;;
   compare-llamacpp)
     $PY bench/mtbench_bench.py llamacpp "$OUT/compare-llamacpp" 2>&1 | tee "$OUT/compare-llamacpp.log" ;;
   compare-vllm)
