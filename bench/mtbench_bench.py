@@ -127,9 +127,10 @@ def report(compare_json: str, profile: str) -> None:
     groups = {"all": result["prompts"], **{t: [p for p in result["prompts"] if p["task"] == t] for t in tasks}}
     wall: dict[str, dict[str, float]] = defaultdict(dict)
     model: dict[str, dict[str, float | None]] = defaultdict(dict)
+    serving = "concurrency" in result  # vLLM: the proposer counts only the steps that drafted
     for g, prompts in groups.items():
         part = {**result, "prompts": prompts}
-        cm = cost_model_speedups(part, cost)
+        cm = _serving_cost_model(part, cost) if serving else cost_model_speedups(part, cost)
         base = sum(p["runs"][ref]["wall_s"] for p in prompts) / sum(p["runs"][ref]["new_tokens"] for p in prompts)
         for label in labels:
             runs = [p["runs"][label] for p in prompts]
@@ -159,6 +160,30 @@ def report(compare_json: str, profile: str) -> None:
             f"{statistics.mean(lengths):.2f} | {statistics.median(lengths):g} | {max(lengths)} | "
             f"{sum(n >= 8 for n in lengths) / len(lengths):.0%} |"
         )
+
+
+def _serving_cost_model(result: dict, cost: CostModel) -> dict[str, dict | None]:
+    """cost_model_speedups for vLLM rows: disco's proposer sees only the steps in which a request drafted, so
+    the target-only steps are the tokens its windows did not yield (each window: its accepted tokens + one of
+    the target's); vLLM's own rows and target-only expose no windows (None; target-only is 1 by definition)."""
+    out: dict[str, dict | None] = {}
+    for label in result["summary"]:
+        runs = [p["runs"][label] for p in result["prompts"]]
+        if label == next(iter(result["summary"])):
+            out[label] = {"pooled": 1.0}
+        elif not any(r["windows"] for r in runs):
+            out[label] = None
+        else:
+            time = base = 0.0
+            for r in runs:
+                yielded = sum(a + 1 for a in r["accepted_per_window"])
+                plain = max(0, r["new_tokens"] - yielded)
+                time += (
+                    sum(cost.verify(w + 1) for w in r["windows"]) + plain * cost.c_t[0] + r["draft_forwards"] * cost.c_d
+                )
+                base += r["new_tokens"] * cost.c_t[0]
+            out[label] = {"pooled": base / time}
+    return out
 
 
 def simulate_report(traces: str, artifact: str, profile: str, max_window: int) -> None:
