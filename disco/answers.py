@@ -104,9 +104,8 @@ def _answer(
         for i, tokens in zip(chunk, outs):
             p = todo[i]
             answers[p.id] = {"question": p.prompt, "answer": pair.decode(tokens).strip(), "tokens": len(tokens)}
-        atomic_write_json(
-            path, {"record": record, "answers": answers}
-        )  # after each batch: a kill loses at most one batch
+        # after each batch: a kill loses at most one batch
+        atomic_write_json(path, {"record": record, "answers": answers})
         bar.update(len(chunk))
     bar.close()
 
