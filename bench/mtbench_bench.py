@@ -42,6 +42,7 @@ from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
 from disco.policies import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
+from disco.stats import GenStats  # noqa: E402
 
 SHIPPED = "models/embedded-qwen2.5-coder-llamacpp"
 LOAD_PROFILE = Path("bench/vllm/profile.json")  # disco profile --engine vllm (issue 23), committed copy
@@ -147,18 +148,18 @@ def report(compare_json: str, profile: str) -> None:
     if oracle is None:
         return
     print(
-        "\nThe oracle's windows per category (windows of the draft's tokens the target accepts, from its own"
-        " output):\n\n| category | prompts | tokens | share drafted | windows per 100 tokens | mean window "
-        "| median | longest | windows ≥ 8 |\n|---|---|---|---|---|---|---|---|---|"
+        "\nThe oracle's rounds per category (live: it drafts until the first rejected token; 'accepted' = the"
+        " draft's tokens the target keeps before its own):\n\n| category | prompts | tokens | from the draft | "
+        "rounds per 100 tokens | mean accepted | median | most | rounds accepting ≥ 8 |\n|---|---|---|---|---|---|---|---|---|"
     )
     for g, prompts in groups.items():
         runs = [p["runs"][oracle] for p in prompts]
-        lengths = [n for r in runs for n in r["windows"]]  # the oracle drafts exactly what is accepted
+        accepted = [n for r in runs for n in r["accepted_per_window"]]
         tokens = sum(r["new_tokens"] for r in runs)
         print(
-            f"| {g} | {len(prompts)} | {tokens} | {sum(lengths) / tokens:.0%} | {100 * len(lengths) / tokens:.1f} | "
-            f"{statistics.mean(lengths):.2f} | {statistics.median(lengths):g} | {max(lengths)} | "
-            f"{sum(n >= 8 for n in lengths) / len(lengths):.0%} |"
+            f"| {g} | {len(prompts)} | {tokens} | {sum(accepted) / tokens:.0%} | {100 * len(accepted) / tokens:.1f} | "
+            f"{statistics.mean(accepted):.2f} | {statistics.median(accepted):g} | {max(accepted):g} | "
+            f"{sum(n >= 8 for n in accepted) / len(accepted):.0%} |"
         )
 
 
@@ -174,15 +175,12 @@ def _serving_cost_model(result: dict, cost: CostModel) -> dict[str, dict | None]
         elif not any(r["windows"] for r in runs):
             out[label] = None
         else:
-            time = base = 0.0
+            stats = []
             for r in runs:
-                yielded = sum(a + 1 for a in r["accepted_per_window"])
-                plain = max(0, r["new_tokens"] - yielded)
-                time += (
-                    sum(cost.verify(w + 1) for w in r["windows"]) + plain * cost.c_t[0] + r["draft_forwards"] * cost.c_d
-                )
-                base += r["new_tokens"] * cost.c_t[0]
-            out[label] = {"pooled": base / time}
+                plain = max(0, r["new_tokens"] - sum(a + 1 for a in r["accepted_per_window"]))
+                forwards = len(r["windows"]) + plain
+                stats.append(GenStats(r["new_tokens"], forwards, r["draft_forwards"], windows=r["windows"]))
+            out[label] = {"pooled": sum(map(cost.baseline, stats)) / sum(map(cost.time, stats))}
     return out
 
 
