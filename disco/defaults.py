@@ -101,6 +101,10 @@ VERIFY_MODES = ("fast", "exact")  # llama.cpp engine
 DEFAULT_VERIFY = "exact"  # lossless by default (engines/llamacpp.py docstring, bench/RESULTS.md "llama.cpp engine")
 DRAFT_QUANT_CHOICES = ("auto", "none", "q4_0", "q8_0")  # llama.cpp engine: engines.llamacpp.DRAFT_QUANTS + auto, none
 DEFAULT_DRAFT_QUANT = "auto"  # q4_0 for the embedded pair, else the draft as it is
+# llama.cpp engine: weight repacking. auto: on unless a child-process probe saw it crash or give non-finite
+# logits for the file on this CPU and build (engines/llamacpp_repack.py); on: insist (refused where it failed)
+REPACK_MODES = ("auto", "on", "off")
+DEFAULT_REPACK = "auto"
 
 # --- vLLM, the serving engine (engines/vllm.py, serving.py) -------------------------------------
 DEFAULT_VLLM_KV_GIB = 1  # host RAM (whole GiB: vLLM parses an int) each vLLM instance reserves for its KV cache on CPUs

@@ -17,6 +17,7 @@ from disco.defaults import (
     DEFAULT_DRAFT_QUANT,
     DEFAULT_DTYPE,
     DEFAULT_ENGINE,
+    DEFAULT_REPACK,
     DEFAULT_VERIFY,
 )
 
@@ -35,3 +36,4 @@ class PairOptions:
     threads: int | None = None  # llama.cpp: CPU threads (None: all cores)
     verify: str = DEFAULT_VERIFY  # llama.cpp: exact or fast verification
     draft_quant: str = DEFAULT_DRAFT_QUANT  # llama.cpp: re-quantize the draft (auto, none, q4_0, q8_0)
+    repack: str = DEFAULT_REPACK  # llama.cpp: weight repacking (auto: probed once per file, build and CPU)

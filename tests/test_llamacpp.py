@@ -15,7 +15,7 @@ from tiny_gguf import write_tiny_gguf
 
 from disco.compare import default_entries, run_compare
 from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
-from disco.engines.llamacpp import LlamaCppEngine
+from disco.engines.llamacpp import LlamaCppEngine, requantized
 from disco.engines.llamacpp_server import SERVER_LABEL, SERVER_TARGET_LABEL
 from disco.engines.registry import resolve_engine
 from disco.errors import DiscoError
@@ -126,6 +126,103 @@ def test_a_new_session_retires_the_old_one(pair):
     pair.target.session(ids)
     with pytest.raises(DiscoError, match="replaced by a newer one"):
         old.forward(ids[:1], 1)
+
+
+def test_exact_verification_is_exact_past_the_probed_window(tmp_path, monkeypatch):
+    """Past the first 256 KV cells llama.cpp attends differently for one token (split across threads) than for
+    a batch: exact verification there must still equal one-token steps bit for bit (EXACT_SPAN)."""
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
+    model = tiny_pair(noise=0.3, dtype=torch.float32)[0]
+    model.config.max_position_embeddings = 1024  # a context long enough for llama.cpp's long-context kernels
+    path = write_tiny_gguf(model, char_tokenizer(), tmp_path / "long.gguf")
+    # Q4_0, as the embedded draft runs: batches of up to 4 are exact inside the probed window (F32 has width 1);
+    # on the code before EXACT_SPAN 289 of these 421 rows differed and 2 argmaxes flipped
+    engine = LlamaCppEngine(requantized(path, "q4_0", progress=False), threads=2, verify="exact")
+    ids = torch.randint(3, engine.vocab_size, (720,), generator=torch.Generator().manual_seed(0))
+    n0 = 300
+    steps = engine.session(ids[:n0])
+    steps.prefill()
+    ref = torch.cat([steps.forward(ids[i : i + 1], 1) for i in range(n0 - 1, len(ids))])
+    assert engine.exact_width > 1  # batches are exact inside the probed window, so the rule matters
+    s = engine.session(ids[:n0])
+    s.prefill()
+    rows = [s.forward(ids[i : i + 5], len(ids[i : i + 5])) for i in range(n0 - 1, len(ids), 5)]
+    assert torch.equal(torch.cat(rows), ref)
+
+
+# --- weight repacking, probed in a child process ------------------------------------------------------
+
+_CHILD_OK = [sys.executable, "-c", "print('finite')"]
+_CHILD_SEGV = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
+_CHILD_NAN = [sys.executable, "-c", "print('non-finite')"]
+_CHILD_FAILS = [sys.executable, "-c", "raise SystemExit(3)"]
+
+
+def test_the_repack_probe_follows_its_child(files, tmp_path, monkeypatch):
+    from disco.engines.llamacpp_repack import choose, verdict_path
+
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
+    t = files[0]
+    crashed = choose("auto", t, "build-a", _CHILD_SEGV, progress=False)
+    assert not crashed.repack and "SIGSEGV" in crashed.reason
+    assert verdict_path(t, "build-a").is_file()
+    # cached: the same file, build and CPU are not probed again (a child that would succeed is not asked)
+    assert choose("auto", t, "build-a", _CHILD_OK, progress=False) == crashed
+    # another build is probed anew
+    assert choose("auto", t, "build-b", _CHILD_OK, progress=False).repack
+    assert not choose("auto", t, "build-c", _CHILD_NAN, progress=False).repack
+    # a child that fails by itself is no verdict on repacking: off for now, asked again next time
+    assert not choose("auto", t, "build-d", _CHILD_FAILS, progress=False).repack
+    assert not verdict_path(t, "build-d").exists()
+    assert choose("auto", t, "build-d", _CHILD_OK, progress=False).repack
+    # off never probes; on insists, and is refused where the probe saw repacking fail
+    assert choose("off", t, "build-e", _CHILD_SEGV, progress=False).reason == "repack off (asked)"
+    assert not verdict_path(t, "build-e").exists()
+    assert choose("on", t, "build-b", _CHILD_SEGV, progress=False).repack
+    with pytest.raises(DiscoError, match=r"repack on refused for target.gguf: probe: llama.cpp died by SIGSEGV"):
+        choose("on", t, "build-a", _CHILD_OK, progress=False)
+
+
+def test_a_changed_file_is_probed_again(tmp_path, monkeypatch):
+    from disco.engines.llamacpp_repack import choose
+
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + b"0" * 16)
+    assert not choose("auto", f, "b", _CHILD_SEGV, progress=False).repack
+    f.write_bytes(b"GGUF" + b"1" * 32)  # another file at the same path
+    assert choose("auto", f, "b", _CHILD_OK, progress=False).repack
+
+
+def test_the_engine_runs_without_repacking_where_the_probe_crashed(files, tmp_path, monkeypatch):
+    import disco.engines.llamacpp as llamacpp
+
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
+    t, d = files[0], files[1]
+    real = LlamaCppEngine(d, threads=1)  # the real child: repacking works with this build on this CPU
+    assert real.repack and real.describe()["repack_reason"] == "auto: probe ok"
+    monkeypatch.setattr(llamacpp, "probe_command", lambda path, threads: _CHILD_SEGV)
+    engine = LlamaCppEngine(t, threads=1)
+    info = engine.describe()
+    assert not engine.repack and info["repack"] is False and "SIGSEGV" in info["repack_reason"]
+    assert info["build"] and not engine.spare().repack  # a spare context makes the same choice, unprobed
+    with pytest.raises(DiscoError, match="repack on refused"):
+        LlamaCppEngine(t, threads=1, repack="on")
+
+
+def test_repack_on_refused_by_the_cli_in_one_line(files, tmp_path, capsys, monkeypatch):
+    import disco.engines.llamacpp as llamacpp
+
+    t, d, *_, cache = files
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(llamacpp, "probe_command", lambda path, threads: _CHILD_SEGV)
+    args = ["generate", "--target", str(t), "--draft", str(d), "--engine", "llama.cpp", "--prompt", "x = 1"]
+    rc, _, err = cli(capsys, *args, "--repack", "on", "--max-new-tokens", "4", "--policy", "constant")
+    lines = err.strip().splitlines()
+    assert rc != 0 and lines[-1].startswith("error: repack on refused") and "repack auto or off" in lines[-1]
+    assert "Traceback" not in err
+    rc, _, err = cli(capsys, *args, "--repack", "auto", "--max-new-tokens", "4", "--policy", "constant")
+    assert rc == 0, err
 
 
 # --- the loop ------------------------------------------------------------------------------------

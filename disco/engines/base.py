@@ -140,12 +140,15 @@ class EngineKind:
 # thread count (each row is reduced by one thread) and its exact width (the model and the build fix it),
 # torch's KV cache and captured steps (the same keys, values and real positions)
 SPEED_ONLY = ("threads", "exact_width", "cache", "captured_steps")
+# describe() fields that say why it ran so (llama.cpp's repack probe) or how its build was compiled: for the
+# reader; the numbers are fixed by the other fields (repack on/off among them)
+RECORD_ONLY = ("repack_reason", "build")
 
 
 def numeric_identity(engine_info: dict | None) -> dict:
     """An engine's describe() without SPEED_ONLY fields: what must agree for two traces to mix or a
     collection to resume. Manifests written before engines were recorded came from torch."""
-    return {k: v for k, v in (engine_info or {"name": "torch"}).items() if k not in SPEED_ONLY}
+    return {k: v for k, v in (engine_info or {"name": "torch"}).items() if k not in SPEED_ONLY + RECORD_ONLY}
 
 
 def sync(device: torch.device) -> None:

@@ -40,14 +40,21 @@ import numpy as np
 import torch
 
 from disco import embedded
-from disco.defaults import DEFAULT_CACHE, DEFAULT_VERIFY, DRAFT_QUANT_CHOICES, VERIFY_MODES
+from disco.defaults import DEFAULT_CACHE, DEFAULT_REPACK, DEFAULT_VERIFY, DRAFT_QUANT_CHOICES, VERIFY_MODES
 from disco.engines.base import EngineKind, PairParts, Variant
+from disco.engines.llamacpp_repack import RepackChoice, choose
 from disco.errors import DiscoError
 from disco.hub import check_same_tokenizer, gguf_tokenizer, load_tokenizer
 from disco.options import PairOptions
 
 EXACT_PROBE_WIDTHS = (4, 3, 2)  # batch widths the exact-width probe tries, widest first
 _PROBE_PREFIX, _PROBE_TOKENS = 16, 12  # the probe: 12 tokens after 16 cached ones
+# llama.cpp attends over the KV cells in use padded to 256 (llama-kv-cache.cpp, n_pad_cur), and picks its
+# attention kernel by that count: from 512 cells a one-token step splits the cells across threads and merges
+# the parts (ggml-cpu ops.cpp, use_split_kv_path), which a batch of 2+ tokens never does. So the probed
+# exact width holds only for batches ending inside the first 256 cells, where the probe ran; past them
+# exact verification feeds one token at a time, what target-only decoding does (module docstring).
+EXACT_SPAN = 256
 DEFAULT_N_CTX = 4096  # KV cache positions per model (prompt + output); capped by the model's training context
 DEFAULT_N_BATCH = 512  # tokens per llama_decode call at most (longer prompts are fed in chunks)
 INSTALL_HINT = (
@@ -131,6 +138,28 @@ def requantized(path: Path, quant: str, progress: bool = True) -> Path:
     return dest
 
 
+def build_id(lc) -> str:
+    """Names the llama.cpp build llama-cpp-python loads: its version and its libraries as installed."""
+    from disco.files import file_key
+
+    libs = sorted((Path(lc.__file__).parent / "lib").glob("*.so*")) or [Path(lc.__file__)]
+    return f"{lc.__version__}-" + file_key(libs[0])[:8] + "".join(file_key(p)[:4] for p in libs[1:])
+
+
+def build_features(lc) -> str:
+    """The CPU features llama.cpp was compiled with (its system info, e.g. "AVX2 AVX512 AVX512_VNNI"):
+    what a trace records of the build (an AMX build says AMX_INT8)."""
+    info = lc.llama_print_system_info().decode("utf-8", "replace")
+    return " ".join(sorted({m.split("=")[0].strip() for m in info.split("|") if m.strip().endswith("= 1")}))
+
+
+def probe_command(path: Path, threads: int) -> list[str]:
+    """The child process that tries repacking on `path` (llamacpp_repack.probe; the entry at the end)."""
+    import sys
+
+    return [sys.executable, "-m", "disco.engines.llamacpp", "probe-repack", str(path), str(threads)]
+
+
 _LOG_CALLBACK: Any = None  # keeps the ctypes callback alive for as long as llama.cpp may call it
 _BACKEND_READY = False
 
@@ -160,10 +189,11 @@ class LlamaCppEngine:
         verify: str = DEFAULT_VERIFY,
         n_ctx: int = DEFAULT_N_CTX,
         n_batch: int = DEFAULT_N_BATCH,
-        repack: bool = True,
+        repack: str | RepackChoice = DEFAULT_REPACK,
         n_ubatch: int | None = None,
     ) -> None:
-        """repack: llama.cpp's weight repacking into CPU-friendly layouts (its default, faster);
+        """repack: llama.cpp's weight repacking into CPU-friendly layouts (its default, faster), as a
+        mode (auto, on, off: llamacpp_repack.choose) or a choice already made;
         n_ubatch: llama.cpp's micro-batch (default n_batch): both change how batches round."""
         path = Path(path).expanduser()
         if not path.is_file():
@@ -180,10 +210,13 @@ class LlamaCppEngine:
             raise DiscoError(f"--threads must be at least 1 (got {threads})")
         lc = llama_cpp_module()
         _init_backend(lc)
-        self._lc, self.path, self.threads, self.verify, self.repack = lc, path, threads, verify, repack
+        self._lc, self.path, self.threads, self.verify = lc, path, threads, verify
+        if not isinstance(repack, RepackChoice):
+            repack = choose(repack, path, build_id(lc), probe_command(path, threads))
+        self.repack_choice, self.repack = repack, repack.repack
 
         mparams = lc.llama_model_default_params()
-        mparams.use_extra_bufts = repack
+        mparams.use_extra_bufts = self.repack
         self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise DiscoError(
@@ -267,6 +300,8 @@ class LlamaCppEngine:
             "quantization": self.description,
             "verify": self.verify,
             "repack": self.repack,
+            "repack_reason": self.repack_choice.reason,
+            "build": build_features(self._lc),
             "n_ubatch": self.n_ubatch,
             **({"exact_width": self.exact_width} if self.verify == "exact" else {}),
         }
@@ -290,7 +325,7 @@ class LlamaCppEngine:
         """Another context on the same file: a llama.cpp context holds one KV cache, so concurrent
         sessions (one per request in vLLM's proposer) each need their own (the weights are mmapped)."""
         return LlamaCppEngine(
-            self.path, self.threads, self.verify, self.n_ctx, self.n_batch, self.repack, self.n_ubatch
+            self.path, self.threads, self.verify, self.n_ctx, self.n_batch, self.repack_choice, self.n_ubatch
         )
 
     def variants(self) -> list[Variant]:
@@ -415,20 +450,28 @@ class LlamaCppSession:
         # it, exact mode feeds batches narrow enough to round like target-only decoding's one-token steps.
         self._hidden_rows = []
         n_prefix = max(0, min(len(toks), self.n_prompt - 1 - self.length))
-        rows = self._feed(toks[:n_prefix], max(0, keep - (len(toks) - n_prefix)), self.engine.n_batch)
-        step = self.engine.exact_width if self.engine.verify == "exact" else self.engine.n_batch
-        rows += self._feed(toks[n_prefix:], min(keep, len(toks) - n_prefix), step)
+        rows = self._feed(toks[:n_prefix], max(0, keep - (len(toks) - n_prefix)), False)
+        rows += self._feed(toks[n_prefix:], min(keep, len(toks) - n_prefix), self.engine.verify == "exact")
         return torch.cat(rows) if rows else torch.empty(0, self.engine.vocab_size)
 
-    def _feed(self, toks: list[int], keep: int, step: int) -> list[torch.Tensor]:
-        """Decode `toks` in chunks of `step`; the logits of the last `keep`, one tensor per chunk that has any
-        (and their hidden states in self._hidden_rows when the session wants them)."""
+    def _width(self, exact: bool) -> int:
+        """Tokens the next llama_decode may take: n_batch, or in exact verification the probed exact width
+        while the batch ends inside the first EXACT_SPAN cache cells, where the probe ran, and one past them."""
+        if not exact:
+            return self.engine.n_batch
+        return max(1, min(self.engine.exact_width, EXACT_SPAN - self.length))
+
+    def _feed(self, toks: list[int], keep: int, exact: bool) -> list[torch.Tensor]:
+        """Decode `toks` in chunks as wide as _width allows; the logits of the last `keep`, one tensor per chunk
+        that has any (and their hidden states in self._hidden_rows when the session wants them)."""
         rows = []
-        for i in range(0, len(toks), step):
-            chunk = toks[i : i + step]
+        i = 0
+        while i < len(toks):
+            chunk = toks[i : i + self._width(exact)]
             want = min(len(chunk), max(0, keep - (len(toks) - i - len(chunk))))  # of the last `keep`
             out, states = self.engine._decode(chunk, self.length, want, self.want_hidden)
             self.length += len(chunk)
+            i += len(chunk)
             if want:
                 rows.append(out)
                 if states is not None:
@@ -487,8 +530,8 @@ def load_pair(options: PairOptions) -> PairParts:
         draft_quant = EMBEDDED_DRAFT_QUANT if target is None else "none"
     if draft_quant != "none":
         draft_path = requantized(draft_path, draft_quant)
-    t_engine = LlamaCppEngine(target_path, options.threads, options.verify)
-    d_engine = LlamaCppEngine(draft_path, options.threads, options.verify)
+    t_engine = LlamaCppEngine(target_path, options.threads, options.verify, repack=options.repack)
+    d_engine = LlamaCppEngine(draft_path, options.threads, options.verify, repack=options.repack)
     if t_engine.vocab_size != d_engine.vocab_size:
         raise DiscoError(
             f"target {names[0]} has {t_engine.vocab_size} tokens but draft {names[1]} has "
@@ -539,6 +582,28 @@ KIND = EngineKind(
     _claims_auto,
     _check_device,
     anchor_names=("llama-server",),
-    owned_options=(("verify", "--verify"), ("draft_quant", "--draft-quant"), ("threads", "--threads")),
+    owned_options=(
+        ("verify", "--verify"),
+        ("draft_quant", "--draft-quant"),
+        ("threads", "--threads"),
+        ("repack", "--repack"),
+    ),
     select_hint="--engine llama.cpp with GGUF files",
 )
+
+
+def _probe_repack_child(path: str, threads: int) -> None:
+    """The child of llamacpp_repack.probe: load `path` with repacking on, decode a batch and a one-token step
+    (the two kernel paths), print whether the logits are finite. A crash kills only this process."""
+    engine = LlamaCppEngine(path, threads, verify="fast", repack=RepackChoice(True, "probe"))
+    batch, _ = engine._decode(list(range(8)), 0, 8)
+    step, _ = engine._decode([8], 8, 1)
+    print("finite" if bool(torch.isfinite(batch).all() and torch.isfinite(step).all()) else "non-finite")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "probe-repack":
+        sys.exit("usage: python -m disco.engines.llamacpp probe-repack FILE.gguf THREADS")
+    _probe_repack_child(sys.argv[2], int(sys.argv[3]))

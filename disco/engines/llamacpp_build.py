@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from disco.embedded import cache_root
+from disco.engines.llamacpp_cpu import cmake_args, flags_label
 from disco.errors import DiscoError
 from disco.files import file_lock
 
@@ -35,7 +36,8 @@ BUILD_LOG = "build.log"
 
 # CMake options: Release, static libs (a stand-alone binary), only what llama-server needs, no
 # network at configure/build time (no curl, no HTTPS, no UI download from Hugging Face). CPU
-# flags are left at llama.cpp's defaults (GGML_NATIVE=ON), as in pip's build of llama-cpp-python.
+# flags: llama_cpp_cpu.cmake_args(), the same as the llama-cpp-python wheel's (native, minus AMX where
+# the CPU has it).
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -64,8 +66,10 @@ SERVER_VERSION = _installed_version()
 
 
 def server_dir(version: str = SERVER_VERSION) -> Path:
-    """Cache folder of the llama-server built from llama-cpp-python `version`."""
-    return cache_root() / "llama.cpp" / f"llama-cpp-python-{version}"
+    """Cache folder of the llama-server built from llama-cpp-python `version` with this CPU's flags
+    (llama.cpp's defaults keep the folder name they always had)."""
+    suffix = f"-{flags_label(cmake_args())}" if cmake_args() else ""
+    return cache_root() / "llama.cpp" / f"llama-cpp-python-{version}{suffix}"
 
 
 def _is_built(binary: Path) -> bool:
@@ -210,7 +214,7 @@ def _build(version: str, folder: Path, progress: bool) -> None:
             sdist = _obtain_sdist(version, work / "sdist", log)
             src = _extract_llama_cpp(sdist, work / "src")
             build = work / "build"
-            configure = [cmake, "-S", str(src), "-B", str(build), *CMAKE_OPTIONS]
+            configure = [cmake, "-S", str(src), "-B", str(build), *CMAKE_OPTIONS, *cmake_args()]
             if generator:
                 configure += ["-G", generator]
             if _run_logged(configure, log, False, "configuring") != 0:
@@ -231,7 +235,8 @@ def _build(version: str, folder: Path, progress: bool) -> None:
         marker = {
             "llama_cpp_python": version,
             "sdist": sdist.name,
-            "cmake_options": list(CMAKE_OPTIONS),
+            "cmake_options": [*CMAKE_OPTIONS, *cmake_args()],
+            "cpu_flags": flags_label(cmake_args()),
             "build_seconds": round(elapsed, 1),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }

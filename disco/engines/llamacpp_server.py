@@ -148,6 +148,7 @@ class LlamaServer:
         request_timeout_s: float = 3600.0,
         log_path: str | os.PathLike | None = None,
         extra_args: Sequence[str] = (),
+        repack: bool = True,
         warmup: bool = True,
         progress: bool = True,
     ) -> None:
@@ -163,6 +164,7 @@ class LlamaServer:
         self.startup_timeout_s = startup_timeout_s
         self.request_timeout_s = request_timeout_s
         self.extra_args = list(extra_args)
+        self.repack = repack  # llama.cpp's weight repacking, as the in-process engine chose it (--no-repack if off)
         self.warmup = warmup
         self.progress = progress
         self._own_log = log_path is None
@@ -216,6 +218,8 @@ class LlamaServer:
             "-fit",
             "off",  # keep exactly the -c we ask for
         ]
+        if not self.repack:
+            cmd.append("--no-repack")  # both models: the server's draft takes the same model parameters
         if self.draft is not None:
             cmd += [
                 "-md",
@@ -474,6 +478,7 @@ class ServerAnchor:
             threads=self.target.threads,
             ctx=self.target.n_ctx,
             binary=binary,
+            repack=self.target.repack and self.draft.repack,  # what the engines' probe chose (llamacpp_repack.py)
             progress=progress,
             **self.spec,
         )

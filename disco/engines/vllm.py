@@ -253,7 +253,7 @@ def load_pair(options: PairOptions) -> PairParts:
     if is_gguf(draft_path):
         check_same_tokenizer(tokenizer, gguf_tokenizer(draft_path), *names)
         # fast: the draft catches up on the tokens vLLM accepted in one batch (the draft never changes the output)
-        draft: Any = LlamaCppEngine(draft_path, options.threads, "fast")
+        draft: Any = LlamaCppEngine(draft_path, options.threads, "fast", repack=options.repack)
     else:
         check_same_tokenizer(tokenizer, load_tokenizer(str(draft_path)), *names)
         draft = TorchEngine.of(load_model(str(draft_path), torch.device("cpu"), torch.float32))
@@ -294,6 +294,6 @@ KIND = EngineKind(
     check_device=_check_device,
     anchor_names=("vllm",),  # --policies vllm: its own rows (target-only's is always there, the draft-model ones)
     select_hint="--engine vllm",
-    shares_options=("dtype", "threads", "draft_quant"),
+    shares_options=("dtype", "threads", "draft_quant", "repack"),
     serving=True,
 )
