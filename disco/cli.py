@@ -44,6 +44,7 @@ from disco.defaults import (
     DEFAULT_MODEL,
     DEFAULT_POLICY,
     DEFAULT_PREPARE_ENGINE,
+    DEFAULT_REPACK,
     DEFAULT_REPEATS,
     DEFAULT_SEED,
     DEFAULT_SEEDS,
@@ -222,6 +223,15 @@ _PAIR_OPTIONS: dict[str, tuple[Any, Any]] = {
             help="llama.cpp engine: run the draft re-quantized (made once, cached): q4_0 or q8_0; "
             "none: as it is; auto: q4_0 for the embedded pair, else none. The draft never changes the output, only the "
             "speed.",
+        ),
+    ),
+    "repack": (
+        str,
+        typer.Option(
+            DEFAULT_REPACK,
+            help="llama.cpp engine: weight repacking into CPU-friendly layouts (faster). auto: on, unless a probe in a "
+            "child process (once per file, llama.cpp build and CPU, cached) saw it crash or give non-finite logits; on: "
+            "insist (refused where the probe failed); off: never (slower, never crashes in repacked kernels).",
         ),
     ),
 }
@@ -753,3 +763,24 @@ def main() -> None:
             f"error: {e.filename or 'a file'}: {cause(e)}: check the path, its permissions and the disk", err=True
         )
         sys.exit(2)
+
+
+# the child process of a supervised command: faulthandler's report to the parent's file, then main()
+_CHILD = "import sys; from disco import crash; crash.watch(); sys.argv[0] = 'disco'; from disco.cli import main; main()"
+
+
+def entry() -> None:
+    """The installed `disco` command: main(), with the commands that run engines in a child process, so
+    that a crash in native code is one line naming the engine and the signal (disco.crash.supervise)."""
+    from disco import crash
+
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    if name in crash.SUPERVISED and not {"--help", "-h"} & set(sys.argv):
+        sys.exit(crash.supervise([sys.executable, "-c", _CHILD, *sys.argv[1:]], name, lambda: _flags(name)))
+    main()
+
+
+def _flags(name: str) -> set[str]:
+    """The options command `name` takes (e.g. {"--engine", "--repack", …})."""
+    command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+    return {flag for param in command.params for flag in param.opts}

@@ -55,6 +55,7 @@ import torch
 
 import disco
 from disco.answers import answer_first_turns
+from disco.crash import keep
 from disco.decode import DecodeConfig, target_generate, warp
 from disco.defaults import DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
 from disco.engines.base import numeric_identity
@@ -749,6 +750,7 @@ def collect(
             todo = round_robin([i for i in mine if prompts[i].id not in done], [p.task for p in prompts])
             stats.prompts_mine, stats.prompts_skipped = len(mine), len(mine) - len(todo)
             if todo:
+                keep(f"the finished shards are kept in {out_dir}: rerun the same command to resume")
                 _run(pair, prompts, encoded, todo, out_dir, config, dist, shard_prompts, flush_s, progress, stats)
             stats.manifest = _finalize(out_dir, len(prompts))
             if stats.manifest is not None:  # every prompt traced, those of set-aside shards too: drop them

@@ -19,11 +19,12 @@ import json
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from disco.cost import CostModel
+from disco.crash import keep
 from disco.decode import DecodeConfig, GenResult, GenStats, generate, target_generate, warp
 from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H
 from disco.engines.base import Anchor, Variant
@@ -200,13 +201,15 @@ def run_compare(
 
     prompts = answer_first_turns(pair, prompts, config.max_new_tokens, chat, progress)  # mt-bench-2: turn 1 first
     per_prompt: list[dict] = []
+    partial = _Partial(Path(out_dir))
     # captured steps (torch --compile) are compiled here, once, not inside any timed decode
     compile_s = pair.warm_up(max(len(pair.encode(p.prompt, chat)) for p in prompts) + config.max_new_tokens)
-    with contextlib.ExitStack() as stack:
+    with partial.said_on_error(), contextlib.ExitStack() as stack:
         for entry in entries:  # the engines' own decoding (servers) starts before any timing
             if entry.own is not None:
                 entry.own.start(stack, progress)
         bar = tqdm(total=len(prompts) * seeds * (len(entries) + 1), desc="compare", unit="run", disable=not progress)
+        stack.callback(bar.close)  # an error's line then starts a line of its own
         for i, item in enumerate(prompts):
             ids = pair.encode(item.prompt, chat)
             for s in range(seeds):
@@ -232,6 +235,7 @@ def run_compare(
                     row["runs"][entry.label] = _record(pair, ids, cfg, res, ref, forwards_known=forwards_known)
                     bar.update(1)
                 per_prompt.append(row)
+                partial.add(row)
         bar.close()
 
     labels = [TARGET_LABEL] + [e.label for e in entries]
@@ -258,7 +262,44 @@ def run_compare(
             write_plots(result, folder)
 
     write_dir(out_dir, fill, "comparison")
+    with contextlib.suppress(OSError):
+        partial.path.unlink(missing_ok=True)
     return result
+
+
+class _Partial:
+    """Each finished prompt's rows, appended as it finishes to OUT.partial.jsonl beside --out: what a crash
+    (disco.crash.keep) or an engine's error keeps; removed once compare.json is written."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir.parent / f"{out_dir.name}.partial.jsonl"
+        self.rows = 0  # prompts written; -1 once a write failed (the run goes on; write_dir rescues the result)
+
+    def add(self, row: dict) -> None:
+        if self.rows < 0:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a" if self.rows else "w", encoding="utf-8") as f:  # "w": an older run's go
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self.rows += 1
+        except OSError:
+            self.rows = -1
+        keep(self.note())
+
+    def note(self) -> str:
+        n = self.rows
+        return f"the rows of {n} finished prompt{'s' * (n > 1)} are kept in {self.path}" if n > 0 else ""
+
+    @contextlib.contextmanager
+    def said_on_error(self) -> Iterator[None]:
+        """A DiscoError raised inside (an engine failed, e.g. llama-server died) also says what was kept."""
+        try:
+            yield
+        except DiscoError as e:
+            if self.note():
+                raise DiscoError(f"{e}; {self.note()}") from None
+            raise
 
 
 def _record(

@@ -140,17 +140,20 @@ def requantized(path: Path, quant: str, progress: bool = True) -> Path:
 
 def build_id(lc) -> str:
     """Names the llama.cpp build llama-cpp-python loads: its version and its libraries as installed."""
+    import hashlib
+
     from disco.files import file_key
 
     libs = sorted((Path(lc.__file__).parent / "lib").glob("*.so*")) or [Path(lc.__file__)]
-    return f"{lc.__version__}-" + file_key(libs[0])[:8] + "".join(file_key(p)[:4] for p in libs[1:])
+    return f"{lc.__version__}-" + hashlib.sha256("".join(map(file_key, libs)).encode()).hexdigest()[:12]
 
 
 def build_features(lc) -> str:
     """The CPU features llama.cpp was compiled with (its system info, e.g. "AVX2 AVX512 AVX512_VNNI"):
     what a trace records of the build (an AMX build says AMX_INT8)."""
-    info = lc.llama_print_system_info().decode("utf-8", "replace")
-    return " ".join(sorted({m.split("=")[0].strip() for m in info.split("|") if m.strip().endswith("= 1")}))
+    info = lc.llama_print_system_info().decode("utf-8", "replace")  # "CPU : SSE3 = 1 | AVX = 1 | ..."
+    items = (m.split(":")[-1].strip() for m in info.split("|"))
+    return " ".join(sorted({m.split("=")[0].strip() for m in items if m.endswith("= 1")}))
 
 
 def probe_command(path: Path, threads: int) -> list[str]:
@@ -314,7 +317,8 @@ class LlamaCppEngine:
         return {"cpu_backend": None, "engine": {**self.describe(), "draft_quantization": draft.description}}
 
     def hardware_key(self, device: torch.device) -> str:
-        return f"llama.cpp-{self.threads}t-{self.verify}"  # threads and verification mode change the costs
+        # threads, verification mode and repacking change the costs (repacked: the key it always had)
+        return f"llama.cpp-{self.threads}t-{self.verify}" + ("" if self.repack else "-norepack")
 
     def anchors(self, pair, settings: dict) -> list:
         from disco.engines.llamacpp_server import server_anchors
