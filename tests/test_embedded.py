@@ -20,7 +20,6 @@ from disco.embedded import (
     CACHE_ENV,
     EMBEDDED_DRAFT,
     EMBEDDED_TARGET,
-    KEEP_GGUF_ENV,
     MARKER,
     EmbeddedModel,
     assemble,
@@ -63,7 +62,7 @@ def _install_fake_dist(site: Path, dist: str, version: str, relpath: str, data: 
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "cache"
     monkeypatch.setenv(CACHE_ENV, str(root))
-    monkeypatch.delenv(KEEP_GGUF_ENV, raising=False)
+    monkeypatch.delenv("DISCO_KEEP_GGUF", raising=False)  # an old setting: no longer read
     return root
 
 
@@ -206,22 +205,77 @@ def test_stale_temp_folder_is_not_prepared_and_is_cleaned(
 # --- prepare --------------------------------------------------------------------------------
 
 
-def test_prepare_is_idempotent_and_removes_gguf(cache: Path, fake: EmbeddedModel, fake_convert: list[Path]) -> None:
+def test_prepare_is_idempotent_and_keeps_gguf(cache: Path, fake: EmbeddedModel, fake_convert: list[Path]) -> None:
     path = prepare(fake, install=False, progress=False)
     marker = json.loads((path / MARKER).read_text())
     assert marker["name"] == fake.name and marker["gguf_sha256"] == fake.sha256
     assert (path / "config.json").exists()
-    assert not (cache / "gguf" / fake.gguf_name).exists()  # big, deleted after conversion
+    # the llama.cpp engine runs the GGUF itself: kept after conversion, and already marked verified
+    assert (cache / "gguf" / fake.gguf_name).read_bytes() == b"".join(PARTS)
+    assert embedded._marked_verified(fake)
     assert prepare(fake, install=False, progress=False) == path
     assert len(fake_convert) == 1
 
 
-def test_prepare_keeps_gguf_on_request(
+def test_conversion_never_pulls_the_gguf_from_a_llamacpp_run(
     cache: Path, fake: EmbeddedModel, fake_convert: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(KEEP_GGUF_ENV, "1")
-    prepare(fake, install=False, progress=False)
-    assert (cache / "gguf" / fake.gguf_name).read_bytes() == b"".join(PARTS)
+    """Issue 30, item 4: a llama.cpp command holds the path gguf_file() gave it while a torch/vLLM
+    preparation converts the same model: afterwards that path is still there, still the very file
+    that was verified (same inode, no re-hash needed), and gguf_file() returns it at once."""
+    path = embedded.gguf_file(fake, install=False, progress=False)
+    inode = path.stat().st_ino
+    with open(path, "rb") as held:  # the llama.cpp run, mid-load
+        prepare(fake, install=False, progress=False)  # conversion for torch / vLLM
+        assert held.read() == b"".join(PARTS)
+    assert fake_convert == [path]  # converted from that very file, not a copy assembled beside it
+    assert path.is_file() and path.stat().st_ino == inode and path.read_bytes() == b"".join(PARTS)
+    monkeypatch.setattr(embedded, "_file_sha256", lambda p: (_ for _ in ()).throw(AssertionError("re-hashed")))
+    monkeypatch.setattr(embedded, "assemble", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-assembled")))
+    assert embedded.gguf_file(fake, install=False, progress=False) == path
+
+
+def test_prepare_then_gguf_file_in_parallel_threads(cache: Path, fake: EmbeddedModel, fake_convert: list[Path]) -> None:
+    """A conversion and llama.cpp loads at the same time: every path gguf_file() hands out exists
+    once the conversion is over (flock contends between threads as between processes)."""
+    seen: list[Path] = []
+    errors: list[BaseException] = []
+
+    def llamacpp_run() -> None:
+        try:
+            for _ in range(5):
+                seen.append(embedded.gguf_file(fake, install=False, progress=False))
+                time.sleep(0.05)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=lambda: prepare(fake, install=False, progress=False))]
+    threads.append(threading.Thread(target=llamacpp_run))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(seen) == 5 and is_prepared(fake)
+    assert all(p.is_file() and p.read_bytes() == b"".join(PARTS) for p in seen)
+
+
+def test_gguf_file_reassembles_a_missing_gguf_with_a_stale_marker(
+    cache: Path, fake: EmbeddedModel, fake_convert: list[Path]
+) -> None:
+    """What an older disco's conversion left: the `.verified.json` marker without its GGUF. The next
+    llama.cpp run re-assembles (and re-marks) the file rather than failing on a missing one."""
+    path = embedded.gguf_file(fake, install=False, progress=False)
+    marker = embedded._verified_marker(fake)
+    assert marker.is_file()
+    path.unlink()  # the marker stays behind, stale
+    assert not embedded._marked_verified(fake)
+    assert embedded.gguf_file(fake, install=False, progress=False) == path
+    assert path.read_bytes() == b"".join(PARTS)
+    assert json.loads(marker.read_text())["stat"] == embedded._stat_key(path) and embedded._marked_verified(fake)
+    # and prepare() (torch / vLLM) does the same from a stale marker
+    path.unlink()
+    assert prepare(fake, install=False, progress=False) == prepared_path(fake)
+    assert path.read_bytes() == b"".join(PARTS) and embedded._marked_verified(fake)
 
 
 def test_prepare_interrupted_leaves_nothing_loadable(
