@@ -71,7 +71,11 @@ def shipped_factory(artifact):
     if artifact.choice["policy"] == "threshold":
         return replay_policy("threshold", threshold=float(artifact.choice["setting"]))
     return replay_policy(
-        "classifier", threshold=artifact.threshold, model=artifact, rule=artifact.rule, cost=artifact.cost_model()
+        "classifier",
+        classifier_threshold=artifact.threshold,
+        model=artifact,
+        classifier_rule=artifact.rule,
+        cost=artifact.cost_model(),
     )
 
 

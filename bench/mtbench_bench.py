@@ -201,7 +201,7 @@ def simulate_report(traces: str, artifact: str, profile: str, max_window: int) -
     factories = {
         "oracle": replay_policy("oracle", **w),
         f"classifier ({art.rule} rule {art.threshold:g})": replay_policy(
-            "classifier", threshold=art.threshold, model=art, rule=art.rule, cost=cost, **w
+            "classifier", classifier_threshold=art.threshold, model=art, classifier_rule=art.rule, cost=cost, **w
         ),
         f"threshold {tuned['threshold']:g} (tuned)": replay_policy("threshold", threshold=tuned["threshold"], **w),
         f"constant k={tuned['k']} (tuned)": replay_policy("constant", k=tuned["k"], **w),

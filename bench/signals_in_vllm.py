@@ -34,7 +34,12 @@ def main(profile: str, traces: str, artifacts: list[str]) -> None:
         setting = art.rule_settings.get("cost", art.threshold)
         factory = {
             "c": replay_policy(
-                "classifier", threshold=setting, model=art, rule="cost", cost=cost, max_window=MAX_WINDOW
+                "classifier",
+                classifier_threshold=setting,
+                model=art,
+                classifier_rule="cost",
+                cost=cost,
+                max_window=MAX_WINDOW,
             )
         }
         a = simulate_many(seen, factory, MAX_WINDOW)["c"].speedup(cost)

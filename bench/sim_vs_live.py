@@ -49,7 +49,11 @@ def factories(labels: list[str], artifacts: dict[str, object], cost: CostModel, 
                 out[label] = replay_policy("threshold", threshold=float(art.choice["setting"]))
             else:
                 out[label] = replay_policy(
-                    "classifier", threshold=art.threshold, model=art.model, rule=art.rule, cost=art.cost_model() or cost
+                    "classifier",
+                    classifier_threshold=art.threshold,
+                    model=art.model,
+                    classifier_rule=art.rule,
+                    cost=art.cost_model() or cost,
                 )
     return out
 

@@ -2,7 +2,7 @@
 loads is refused here, so no one waits minutes for an error a look at the options could give.
 
 Each CLI command calls `check_options(command, locals())` first. Checked here:
-- every numeric option's range (RANGES), with one wording for all commands;
+- every numeric option's range (settings.RANGES, under its flag: FLAGS), with one wording for all commands;
 - options that do not apply: an engine's option on the other engine (--verify, --draft-quant,
   --threads are llama.cpp's; --cache, --compile, --cpu-backend, --dtype are torch's) and --top-p
   under greedy decoding are REFUSED, in both directions alike (a silently ignored option is a
@@ -15,48 +15,46 @@ Each CLI command calls `check_options(command, locals())` first. Checked here:
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from disco.errors import DiscoError
+from disco.settings import WINDOW, SettingError, check_setting
 
-
-def _at_least(n: float) -> tuple[Callable[[float], bool], str]:
-    return (lambda v: v >= n), f"at least {n:g}"
-
-
-_UNIT = ((lambda v: 0.0 <= v <= 1.0), "within [0, 1]")
-_POSITIVE = ((lambda v: v >= 1), "positive")
-# option (as the command's parameter is named) -> (flag, test, what it must be)
-RANGES: dict[str, tuple[str, Callable[[float], bool], str]] = {
-    "k": ("--k", *_at_least(1)),
-    "threshold": ("--threshold", *_UNIT),
-    "lam": ("--lambda", *_UNIT),
-    "svip_h": ("--svip-h", *_at_least(0)),
-    "classifier_threshold": ("--classifier-threshold", *_at_least(0)),
-    "max_window": ("--max-window", *_at_least(0)),
-    "max_new_tokens": ("--max-new-tokens", *_POSITIVE),
-    "temperature": ("--temperature", *_at_least(0)),
-    "top_p": ("--top-p", (lambda v: 0.0 < v <= 1.0), "within (0, 1]"),
-    "limit": ("--limit", *_at_least(1)),
-    "threads": ("--threads", *_at_least(1)),
-    "shard_prompts": ("--shard-prompts", *_at_least(1)),
-    "seeds": ("--seeds", *_at_least(1)),
-    "tuned_k": ("--tuned-k", *_at_least(1)),
-    "tuned_threshold": ("--tuned-threshold", *_UNIT),
-    "server_p_min": ("--server-p-min", *_UNIT),
-    "server_n_max": ("--server-n-max", *_at_least(1)),
-    "val_fraction": ("--val-fraction", (lambda v: 0.0 < v < 1.0), "within (0, 1)"),
-    "context": ("--context", *_at_least(1)),
-    "repeats": ("--repeats", *_at_least(1)),
-    "warmup": ("--warmup", *_at_least(0)),
-    "per_task": ("--per-task", *_at_least(1)),
+# option (as the command's parameter is named) -> (its flag, the setting whose range it takes: settings.RANGES)
+FLAGS: dict[str, tuple[str, str]] = {
+    "k": ("--k", "k"),
+    "threshold": ("--threshold", "threshold"),
+    "lam": ("--lambda", "lam"),
+    "svip_h": ("--svip-h", "h"),
+    "classifier_threshold": ("--classifier-threshold", "classifier_threshold"),
+    "max_window": ("--max-window", "max_window"),
+    "max_new_tokens": ("--max-new-tokens", "max_new_tokens"),
+    "temperature": ("--temperature", "temperature"),
+    "top_p": ("--top-p", "top_p"),
+    "limit": ("--limit", "limit"),
+    "threads": ("--threads", "threads"),
+    "shard_prompts": ("--shard-prompts", "shard_prompts"),
+    "seeds": ("--seeds", "seeds"),
+    "tuned_k": ("--tuned-k", "k"),
+    "tuned_threshold": ("--tuned-threshold", "threshold"),
+    "server_p_min": ("--server-p-min", "server_p_min"),
+    "server_n_max": ("--server-n-max", "server_n_max"),
+    "val_fraction": ("--val-fraction", "val_fraction"),
+    "context": ("--context", "context"),
+    "repeats": ("--repeats", "repeats"),
+    "warmup": ("--warmup", "warmup"),
+    "per_task": ("--per-task", "per_task"),
 }
 # train and profile measure or simulate windows: one draft token at least
 _WINDOWED = {"train", "profile"}
+
+
+def flag_message(err: SettingError) -> str:
+    """A library's SettingError, worded with the CLI flag that sets it (the setting's own name if none does)."""
+    flag = next((f for f, setting in FLAGS.values() if setting == err.setting), err.setting)
+    return err.worded(flag)
 
 
 def check_options(command: str, options: dict[str, Any]) -> None:
@@ -87,12 +85,11 @@ def check_options(command: str, options: dict[str, Any]) -> None:
 
 
 def check_ranges(command: str, o: dict[str, Any]) -> None:
-    for name, (flag, ok, what) in RANGES.items():
-        value = o.get(name)
-        if name == "max_window" and command in _WINDOWED:
-            ok, what = _at_least(1)
-        if value is not None and (isinstance(value, float) and math.isnan(value) or not ok(value)):
-            raise DiscoError(f"{flag} must be {what} (got {value})")
+    for name, (flag, setting) in FLAGS.items():
+        try:
+            check_setting(setting, o.get(name), WINDOW if name == "max_window" and command in _WINDOWED else None)
+        except SettingError as e:
+            raise DiscoError(e.worded(flag)) from None
 
 
 def _refuse(flag: str, owner: str, engine: str) -> DiscoError:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from disco.checks import check_options
+from disco.checks import check_options, flag_message
 from disco.defaults import (
     ADAEDL_LAMBDA,
     CPU_BACKEND_HELP,
@@ -70,6 +70,7 @@ from disco.defaults import (
 )
 from disco.errors import DiscoError
 from disco.options import PairOptions
+from disco.settings import SettingError
 
 if TYPE_CHECKING:
     from disco.decode import DecodeConfig
@@ -750,6 +751,9 @@ def main() -> None:
     warnings.showwarning = _one_line_warning  # the CLI's warnings are messages to a user, not code locations
     try:
         app()
+    except SettingError as e:  # a library's refusal names the setting; the user gave a flag
+        typer.echo(f"error: {flag_message(e)}", err=True)
+        sys.exit(2)
     except DiscoError as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(2)

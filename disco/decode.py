@@ -27,6 +27,7 @@ from disco.features import target_signals
 from disco.policies import PolicySpec
 from disco.policy import DraftStep, StoppingPolicy, decide_now
 from disco.rounds import commit, draft_window, end_round, leading_run, window_limit
+from disco.settings import check_setting
 from disco.stats import GenResult, GenStats
 
 __all__ = ["DecodeConfig", "GenResult", "GenStats", "generate", "speculative_generate", "target_generate", "warp"]
@@ -41,14 +42,9 @@ class DecodeConfig:
     seed: int = DEFAULT_SEED  # sampling seed (unused when greedy)
 
     def validate(self) -> None:
-        if self.max_new_tokens <= 0:
-            raise DiscoError(f"--max-new-tokens must be positive (got {self.max_new_tokens})")
-        if self.max_window < 0:
-            raise DiscoError(f"--max-window must be 0 or more (got {self.max_window})")
-        if self.temperature < 0:
-            raise DiscoError(f"--temperature must be 0 (greedy) or positive (got {self.temperature})")
-        if not 0.0 < self.top_p <= 1.0:
-            raise DiscoError(f"--top-p must be within (0, 1] (got {self.top_p})")
+        for name, value in vars(self).items():
+            if name != "seed":
+                check_setting(name, value)
 
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

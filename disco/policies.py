@@ -34,6 +34,7 @@ from disco.policy import (
     SVIPPolicy,
     ThresholdPolicy,
 )
+from disco.settings import check_setting
 
 if TYPE_CHECKING:
     from disco.classifier import Predictor
@@ -61,6 +62,8 @@ class PolicySpec:
         if self.name not in POLICIES:
             others = ", ".join(n for n in POLICIES if n != self.name)
             raise DiscoError(f"unknown policy {self.name!r}: choose one of {others}")
+        for name in self.kind.settings:  # the one check of a policy's knobs (their ranges: settings.RANGES)
+            check_setting(name, getattr(self, name))
 
     @property
     def kind(self) -> PolicyKind:
@@ -99,6 +102,7 @@ class PolicyKind:
     needs_target_tokens: bool = False  # give it the target's own continuation (decode.generate computes it)
     greedy_only: bool = False  # defined for greedy decoding only
     needs_pair: bool = False  # reads the pair (its tokenizer's token classes, the artifact's pair check)
+    settings: tuple[str, ...] = ()  # the PolicySpec knobs it reads, checked when a spec names it
 
 
 def _oracle(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
@@ -122,32 +126,39 @@ def _classifier(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
 
 POLICIES: dict[str, PolicyKind] = {
     "target": PolicyKind(lambda spec, ctx: None),
-    "constant": PolicyKind(lambda spec, ctx: ConstantPolicy(spec.k)),
-    "heuristic": PolicyKind(lambda spec, ctx: HeuristicPolicy(spec.k)),
-    "threshold": PolicyKind(lambda spec, ctx: ThresholdPolicy(spec.threshold, adaptive=spec.adaptive)),
-    "adaedl": PolicyKind(
-        lambda spec, ctx: AdaEDLPolicy(spec.lam, adaptive=spec.lam_adaptive, max_window=ctx.max_window)
+    "constant": PolicyKind(lambda spec, ctx: ConstantPolicy(spec.k), settings=("k",)),
+    "heuristic": PolicyKind(lambda spec, ctx: HeuristicPolicy(spec.k), settings=("k",)),
+    "threshold": PolicyKind(
+        lambda spec, ctx: ThresholdPolicy(spec.threshold, adaptive=spec.adaptive), settings=("threshold",)
     ),
-    "svip": PolicyKind(lambda spec, ctx: SVIPPolicy(spec.h)),
+    "adaedl": PolicyKind(
+        lambda spec, ctx: AdaEDLPolicy(spec.lam, adaptive=spec.lam_adaptive, max_window=ctx.max_window),
+        settings=("lam",),
+    ),
+    "svip": PolicyKind(lambda spec, ctx: SVIPPolicy(spec.h), settings=("h",)),
     "oracle": PolicyKind(_oracle, needs_target_tokens=True, greedy_only=True),
-    "classifier": PolicyKind(_classifier, needs_pair=True),
+    "classifier": PolicyKind(_classifier, needs_pair=True, settings=("classifier_threshold",)),
 }
 assert tuple(POLICIES) == POLICY_NAMES, "defaults.POLICY_NAMES lists the registry's keys, for --help"
 
 
 def make_policy(
-    name: str,
+    spec: PolicySpec | str,
     *,
-    k: int = DEFAULT_K,
-    threshold: float = DEFAULT_THRESHOLD,
-    adaptive: bool = False,
     target_tokens: Sequence[int] | None = None,
-    lam: float = ADAEDL_LAMBDA,
-    lam_adaptive: bool = True,
-    h: float = SVIP_H,
     max_window: int = DEFAULT_MAX_WINDOW,
+    **knobs: Any,
 ) -> StoppingPolicy | None:
-    """Build a training-free policy by name and knobs (tests, the simulator); the oracle needs the
-    target's greedy tokens, the classifier an artifact (PolicySpec) or a model (simulate.replay_policy)."""
-    spec = PolicySpec(name, k=k, threshold=threshold, adaptive=adaptive, lam=lam, lam_adaptive=lam_adaptive, h=h)
-    return spec.build(target_tokens, max_window=max_window)
+    """Build a policy from its spec; `make_policy(name, **knobs)` is short for `make_policy(PolicySpec(name,
+    **knobs))` (tests, the simulator). The oracle needs the target's greedy tokens, the classifier an artifact
+    (PolicySpec.classifier) or a model (simulate.replay_policy)."""
+    return as_spec(spec, knobs).build(target_tokens, max_window=max_window)
+
+
+def as_spec(spec: PolicySpec | str, knobs: dict[str, Any]) -> PolicySpec:
+    """`spec` itself, or a spec of the policy named `spec` with `knobs` (PolicySpec's fields)."""
+    if isinstance(spec, PolicySpec):
+        if knobs:
+            raise TypeError(f"knobs {', '.join(knobs)} beside a PolicySpec: set them in the spec")
+        return spec
+    return PolicySpec(spec, **knobs)

@@ -13,7 +13,8 @@ Every policy implements the same calls (docs/architecture.md, "Policies"; `Polic
                                   computed only if the policy calls it
 
 The decoding loop owns the hard limits (max window, tokens left to generate); a policy only
-decides to stop early. A policy that needs the draft's probabilities reads them from the
+decides to stop early. A policy's knobs are checked once, by policies.PolicySpec (ranges: settings.py);
+the classes here take them as given. A policy that needs the draft's probabilities reads them from the
 `DraftStep`; that read is the loop's one host sync per draft token. A policy with
 `needs_hidden` gets the draft's last hidden state in `DraftStep.hidden`.
 """
@@ -145,8 +146,6 @@ class ConstantPolicy(PolicyBase):
     name = "constant"
 
     def __init__(self, k: int = DEFAULT_K) -> None:
-        if k < 1:
-            raise DiscoError(f"--k must be at least 1 (got {k})")
         self.k = k
 
     def should_stop(self, step: DraftStep) -> bool:
@@ -159,8 +158,6 @@ class HeuristicPolicy(PolicyBase):
     name = "heuristic"
 
     def __init__(self, k: int = DEFAULT_K) -> None:
-        if k < 1:
-            raise DiscoError(f"--k must be at least 1 (got {k})")
         self.k = k
 
     def should_stop(self, step: DraftStep) -> bool:
@@ -184,8 +181,6 @@ class ThresholdPolicy(PolicyBase):
     name = "threshold"
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, adaptive: bool = False) -> None:
-        if not 0.0 <= threshold <= 1.0:
-            raise DiscoError(f"--threshold must be within [0, 1] (got {threshold})")
         self.threshold = threshold
         self.adaptive = adaptive
         self._window_probs: list[float] = []
@@ -246,8 +241,8 @@ class AdaEDLPolicy(PolicyBase):
         adaptive: bool = True,
         max_window: int = DEFAULT_MAX_WINDOW,
     ) -> None:
-        if not 0.0 <= lam <= 1.0 or gamma <= 0:
-            raise DiscoError(f"AdaEDL needs lambda within [0, 1] and gamma > 0 (got {lam}, {gamma})")
+        if gamma <= 0:
+            raise DiscoError(f"AdaEDL needs gamma > 0 (got {gamma})")
         self.lam, self.gamma, self.adaptive, self.max_window = lam, gamma, adaptive, max_window
         self.ar = 0.0
 
@@ -279,8 +274,8 @@ class SVIPPolicy(PolicyBase):
     name = "svip"
 
     def __init__(self, h: float = SVIP_H, c: float = SVIP_C) -> None:
-        if h < 0 or c <= 0:
-            raise DiscoError(f"SVIP needs h >= 0 and c > 0 (got {h}, {c})")
+        if c <= 0:
+            raise DiscoError(f"SVIP needs c > 0 (got {c})")
         self.h, self.c = h, c
 
     def should_stop(self, step: DraftStep) -> bool:

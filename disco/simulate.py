@@ -47,18 +47,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from disco.cost import CostModel
-from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H
+from disco.defaults import DEFAULT_MAX_WINDOW
 from disco.errors import DiscoError
 from disco.features import TOKEN_FEATURES
-from disco.policies import BuildContext, PolicySpec
+from disco.policies import BuildContext, PolicySpec, as_spec
 from disco.policy import StoppingPolicy
 from disco.rounds import Decisions, draft_window, end_round, leading_run, window_limit
+from disco.settings import check_setting
 from disco.stats import GenStats
 from disco.trace import HIDDEN_COLUMN, signals_at
 
@@ -185,34 +186,19 @@ PolicyFactory = Callable[[PromptTrace], StoppingPolicy]  # a fresh policy per pr
 
 
 def replay_policy(
-    name: str,
+    spec: PolicySpec | str,
     *,
-    k: int = DEFAULT_K,
-    threshold: float = DEFAULT_THRESHOLD,
-    adaptive: bool = False,
     model=None,
-    rule: str = "token",
     cost: CostModel | None = None,
-    lam: float = ADAEDL_LAMBDA,
-    lam_adaptive: bool = True,
-    h: float = SVIP_H,
     max_window: int = DEFAULT_MAX_WINDOW,
+    **knobs: Any,
 ) -> PolicyFactory:
-    """A factory of the real policy `name` (policies.POLICIES) for each prompt (the oracle gets the trace's y).
-    classifier: `model` is a Predictor (artifact.py), `threshold` its rule's parameter."""
-    if name == "classifier" and model is None:
+    """A factory of the real policy `spec` (policies.POLICIES) for each prompt (the oracle gets the trace's y);
+    `replay_policy(name, **knobs)` is short for `replay_policy(PolicySpec(name, **knobs))`.
+    classifier: `model` is a Predictor (artifact.py), the spec's classifier_threshold its rule's setting."""
+    spec = as_spec(spec, knobs)
+    if spec.name == "classifier" and model is None:
         raise DiscoError("simulating the classifier policy needs a trained model")
-    spec = PolicySpec(
-        name,
-        k=k,
-        threshold=threshold,
-        adaptive=adaptive,
-        lam=lam,
-        lam_adaptive=lam_adaptive,
-        h=h,
-        classifier_threshold=threshold,
-        classifier_rule=rule,
-    )
     return lambda tr: spec.kind.build(spec, BuildContext(tr.target_tokens, None, max_window, None, model, cost))
 
 
@@ -354,8 +340,7 @@ def simulate_many(
     progress: bool = False,
 ) -> dict[Hashable, SimResult]:
     """Replay several policies over the same prompts in one batched pass."""
-    if max_window < 0:
-        raise DiscoError(f"--max-window must be 0 or more (got {max_window})")
+    check_setting("max_window", max_window)
     lanes, keys = [], []
     for name, factory in factories.items():
         for tr in traces:

@@ -485,9 +485,9 @@ class Learned:
     def factory(self, cost: CostModel, setting: float | None = None):
         return replay_policy(
             "classifier",
-            threshold=self.tuned.best if setting is None else setting,
+            classifier_threshold=self.tuned.best if setting is None else setting,
             model=self.model,
-            rule=self.rule,
+            classifier_rule=self.rule,
             cost=cost,
         )
 
@@ -506,7 +506,9 @@ def tune_learned(
         for rule in rules:
             t = tune(
                 traces,
-                lambda v: replay_policy("classifier", threshold=v, model=model, rule=rule, cost=cost),
+                lambda v: replay_policy(
+                    "classifier", classifier_threshold=v, model=model, classifier_rule=rule, cost=cost
+                ),
                 RULE_GRIDS[rule],
                 cost,
                 max_window,
@@ -641,7 +643,7 @@ def ablation(
             X_eval = X_val
         t = tune(
             traces,
-            lambda th: replay_policy("classifier", threshold=th, model=model),
+            lambda th: replay_policy("classifier", classifier_threshold=th, model=model),
             THRESHOLD_GRID,
             cost,
             cfg.max_window,
@@ -743,7 +745,7 @@ def cross_task(
             )
             t = tune(
                 tune_on,
-                lambda th: replay_policy("classifier", threshold=th, model=model),
+                lambda th: replay_policy("classifier", classifier_threshold=th, model=model),
                 THRESHOLD_GRID,
                 cost,
                 cfg.max_window,
@@ -757,7 +759,7 @@ def cross_task(
             sims = simulate_many(
                 traces,
                 {
-                    "classifier": replay_policy("classifier", threshold=t, model=model),
+                    "classifier": replay_policy("classifier", classifier_threshold=t, model=model),
                     "threshold": replay_policy("threshold", threshold=tau),
                 },
                 cfg.max_window,

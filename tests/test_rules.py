@@ -41,8 +41,8 @@ def test_svip_stops_when_sqrt_c_entropy_exceeds_h():
     assert svip.should_stop(step_with_entropy([0.5, 0.5]))
     assert not svip.should_stop(step_with_entropy([0.9, 0.1]))
     assert not SVIPPolicy(h=0.33).should_stop(step_with_entropy([0.5, 0.5]))  # 0.322 <= 0.33
-    with pytest.raises(DiscoError, match="SVIP needs"):
-        SVIPPolicy(h=-1)
+    with pytest.raises(DiscoError, match="h must be at least 0"):  # a policy's knobs are checked by its spec
+        make_policy("svip", h=-1)
 
 
 def test_adaedl_bound_and_lambda_update():
@@ -154,7 +154,7 @@ def test_classifier_rules_simulate_exactly_and_losslessly(rule, setting, cost):
         df = collected_trace(target, draft, prompt, max_new, table, f"p{i}", max_window=6)
         sim = simulate(
             prompt_traces(df, max_new),
-            replay_policy("classifier", threshold=setting, model=model, rule=rule, cost=cost),
+            replay_policy("classifier", classifier_threshold=setting, model=model, classifier_rule=rule, cost=cost),
             6,
         )
         live = ClassifierPolicy(model, setting, table, rule, cost)
@@ -190,7 +190,7 @@ def test_target_signals_reach_the_classifier_as_the_loop_sees_them():
     table = torch.zeros(V, dtype=torch.long)
     model = ProbModel(lambda f: 0.95 if f["last_rejected"] == 0 and f["last_target_entropy"] < 1.0 else 0.3)
     df = collected_trace(target, draft, [1, 2], 40, table, "p", max_window=6)
-    sim = simulate(prompt_traces(df, 40), replay_policy("classifier", threshold=0.5, model=model), 6)
+    sim = simulate(prompt_traces(df, 40), replay_policy("classifier", classifier_threshold=0.5, model=model), 6)
     real = speculative_generate(target, draft, [1, 2], ClassifierPolicy(model, 0.5, table), DecodeConfig(40, 6))
     assert counts(sim.stats[0]) == counts(real.stats)
     seen = {(r["last_rejected"], round(r["last_target_p"], 5)) for r in model.seen}
