@@ -27,7 +27,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "k": ("--k", "k"),
     "threshold": ("--threshold", "threshold"),
     "lam": ("--lambda", "lam"),
-    "svip_h": ("--svip-h", "h"),
+    "h": ("--svip-h", "h"),
     "classifier_threshold": ("--classifier-threshold", "classifier_threshold"),
     "max_window": ("--max-window", "max_window"),
     "max_new_tokens": ("--max-new-tokens", "max_new_tokens"),
@@ -64,6 +64,9 @@ def check_options(command: str, options: dict[str, Any]) -> None:
     for shared in (o.pop("options", None), o.pop("config", None)):  # cli.pair_options / cli.decode_options
         if shared is not None:
             o.update(vars(shared))
+    spec = o.pop("spec", None)  # cli.policy_options: a PolicySpec (its own policy's knobs already checked)
+    if spec is not None:
+        o.update(vars(spec), policy=spec.name)
     check_ranges(command, o)
     engine = check_engine_options(o) if "engine" in o else None
     if o.get("temperature", None) == 0 and o.get("top_p", 1.0) != 1.0:

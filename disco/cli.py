@@ -74,6 +74,7 @@ from disco.settings import SettingError
 
 if TYPE_CHECKING:
     from disco.decode import DecodeConfig
+    from disco.policies import PolicySpec
 
 app = typer.Typer(
     help="disco: a learned draft-stopping policy for speculative decoding (DISCO, arXiv 2405.04304).",
@@ -283,6 +284,57 @@ def decode_options(**help_texts: str):
     )
 
 
+# A policy's options: policies.PolicySpec, field by field (received as `spec: PolicySpec`, its knobs checked).
+_POLICY_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "name": (str, typer.Option(DEFAULT_POLICY, "--policy", help=f"Stopping policy: {', '.join(POLICY_NAMES)}.")),
+    "k": (int, typer.Option(DEFAULT_K, help="constant: window length; heuristic: first window length.")),
+    "threshold": (
+        float,
+        typer.Option(DEFAULT_THRESHOLD, help="threshold: stop after a draft token less likely than this."),
+    ),
+    "adaptive": (
+        bool,
+        typer.Option(False, help="threshold: re-tune it after each window (transformers' ROC rule)."),
+    ),
+    "lam": (
+        float,
+        typer.Option(ADAEDL_LAMBDA, "--lambda", help="adaedl: initial lower bound on acceptance (AdaEDL's lambda)."),
+    ),
+    "h": (float, typer.Option(SVIP_H, "--svip-h", help="svip: stop when sqrt(0.15 * draft entropy) exceeds this.")),
+    "classifier": (
+        Optional[str],
+        typer.Option(None, help="classifier: the trained artifact folder (disco train --out)."),
+    ),
+    "classifier_threshold": (
+        Optional[float],
+        typer.Option(None, help="classifier: override the tuned setting of its rule."),
+    ),
+    "classifier_rule": (
+        Optional[str],
+        typer.Option(
+            None,
+            help="classifier: run this rule (token, cumulative, cost, cost-adaptive) "
+            "at its tuned setting instead of the one disco train chose.",
+        ),
+    ),
+    "trust_pickle": (
+        bool,
+        typer.Option(False, help="classifier: allow a joblib/pickle artifact (it can run code)."),
+    ),
+}
+
+
+def _policy_spec(**fields: Any):
+    from disco.policies import PolicySpec  # the policies: only once a command runs
+
+    return PolicySpec(**fields)
+
+
+def policy_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A command's policy options (--policy --k … --trust-pickle), received as `spec: PolicySpec`."""
+    return _option_group("spec", _POLICY_OPTIONS, _policy_spec)(fn)
+
+
 def _say(msg: str) -> None:
     typer.echo(msg, err=True)
 
@@ -290,6 +342,7 @@ def _say(msg: str) -> None:
 @app.command(short_help="Generate with speculative decoding under a stopping policy.")
 @pair_options
 @decode_options()
+@policy_options
 def generate(
     prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt, as text."),
     prompts: Optional[str] = typer.Option(
@@ -297,26 +350,7 @@ def generate(
         "--prompts",
         help="A JSONL file of prompts ({id, task, prompt}), a shipped set name, hf:NAME or " + _MT_BENCH_HELP + ".",
     ),
-    policy: str = typer.Option(DEFAULT_POLICY, help=f"Stopping policy: {', '.join(POLICY_NAMES)}."),
-    k: int = typer.Option(DEFAULT_K, help="constant: window length; heuristic: first window length."),
-    threshold: float = typer.Option(
-        DEFAULT_THRESHOLD, help="threshold: stop after a draft token less likely than this."
-    ),
-    adaptive: bool = typer.Option(False, help="threshold: re-tune it after each window (transformers' ROC rule)."),
-    lam: float = typer.Option(
-        ADAEDL_LAMBDA, "--lambda", help="adaedl: initial lower bound on acceptance (AdaEDL's lambda)."
-    ),
-    svip_h: float = typer.Option(SVIP_H, help="svip: stop when sqrt(0.15 * draft entropy) exceeds this."),
-    classifier: Optional[str] = typer.Option(None, help="classifier: the trained artifact folder (disco train --out)."),
-    classifier_threshold: Optional[float] = typer.Option(
-        None, help="classifier: override the tuned setting of its rule."
-    ),
-    classifier_rule: Optional[str] = typer.Option(
-        None,
-        help="classifier: run this rule (token, cumulative, cost, cost-adaptive) "
-        "at its tuned setting instead of the one disco train chose.",
-    ),
-    trust_pickle: bool = typer.Option(False, help="classifier: allow a joblib/pickle artifact (it can run code)."),
+    spec: PolicySpec = None,
     config: DecodeConfig = None,
     chat: Optional[bool] = _CHAT_OPT,
     limit: Optional[int] = typer.Option(None, help="Use only the first N prompts of --prompts."),
@@ -330,23 +364,10 @@ def generate(
     from disco.decode import generate as run_generate
     from disco.files import atomic_write_json, write_or_rescue
     from disco.pair import apply_pair_file, load_pair
-    from disco.policies import PolicySpec
     from disco.prompts import Prompt, load_prompt_sources
 
     if (prompt is None) == (prompts is None):
         raise DiscoError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
-    spec = PolicySpec(
-        policy,
-        k=k,
-        threshold=threshold,
-        adaptive=adaptive,
-        classifier=classifier,
-        lam=lam,
-        h=svip_h,
-        classifier_threshold=classifier_threshold,
-        classifier_rule=classifier_rule,
-        trust_pickle=trust_pickle,
-    )
     config.validate()
     items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
     options, chat = apply_pair_file(options, chat)

@@ -57,6 +57,7 @@ from disco.features import DISCO_FEATURES, FEATURES, TARGET_SIGNALS
 from disco.files import check_out_dir, write_dir
 from disco.mtbench import load_split, split_of_prompt
 from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD, SVIP_H
+from disco.settings import WINDOW, check_setting
 from disco.simulate import (
     SIGNAL_COLUMNS,
     PromptTrace,
@@ -220,8 +221,7 @@ def split_by_prompt(
     (at least one) into validation, so every task is measured. fixed(id): a prompt's side when a split
     file places it ("train" or "val"; MT-Bench's data/mt-bench-split.json by default), None to draw it;
     a prompt it places in "test" is refused, so training and tuning never see a test question."""
-    if not 0.0 < val_fraction < 1.0:
-        raise DiscoError(f"--val-fraction must be within (0, 1) (got {val_fraction})")
+    check_setting("val_fraction", val_fraction)
     ids = np.asarray(prompt_ids)
     row_tasks = np.asarray(tasks) if tasks is not None else np.full(len(ids), "")
     fixed = fixed or _mt_bench_split()
@@ -927,8 +927,7 @@ class TrainReport:
 def train(cfg: TrainConfig) -> TrainReport:
     if cfg.model not in MODEL_KINDS:
         raise DiscoError(f"unknown model {cfg.model!r}: choose one of {', '.join(MODEL_KINDS)}")
-    if cfg.max_window < 1:
-        raise DiscoError(f"--max-window must be at least 1 (got {cfg.max_window})")
+    check_setting("max_window", cfg.max_window, WINDOW)
     if cfg.labels not in LABELS:
         raise DiscoError(f"unknown --labels {cfg.labels!r}: choose one of {', '.join(LABELS)}")
     cost = CostModel.load(cfg.profile) if cfg.profile is not None else CostModel.default(cfg.max_window)

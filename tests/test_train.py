@@ -74,7 +74,7 @@ def test_split_is_by_prompt(data):
         assert len(val_ids) == 8 and len(train_ids | val_ids) == 30  # round(0.25 * 15) per task
         val_tasks = rows.loc[val_mask].groupby("task")["prompt_id"].nunique().to_dict()
         assert val_tasks == {"code": 4, "write": 4}  # stratified: every task measured
-    with pytest.raises(DiscoError, match="val-fraction"):
+    with pytest.raises(DiscoError, match="val_fraction"):
         split_by_prompt(ids, 1.0, 0)
 
 
