@@ -1,11 +1,10 @@
-"""The GPU probe and its simulator (issue 25), on the CPU: bench/gpu_probe.py's tiny run is lossless on
+"""The GPU probe and its simulator (issue 25), on the CPU: disco.gpu_probe.measure's tiny run is lossless on
 every path a CPU runs and writes profiles CostModel.load reads, without pulling the heavy packages the
-GPU machine lacks; bench/gpu_simulate.py's numbers are disco's own simulator's. Also the two fixes to
+GPU machine lacks; disco.gpu_probe.speedups' numbers are disco's own simulator's. Also the two fixes to
 the captured path the probe needed (torch_engine: warm-up mode, dynamo's recompile limit)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,23 +22,18 @@ from disco.cost import CostModel
 from disco.decode import DecodeConfig
 from disco.engines.torch_engine import CapturedSteps, TorchEngine
 from disco.features import FEATURES
+from disco.gpu_probe import measure, speedups
+from disco.gpu_probe import shapes as shapes_mod
 from disco.pair import pair_from_models
 from disco.prompts import Prompt
 from disco.simulate import replay_policy, simulate
 from disco.train import load_trace_data, policy_table, traces_for
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE, SIMULATE = ROOT / "bench" / "gpu_probe.py", ROOT / "bench" / "gpu_simulate.py"
+PROBE = "disco.gpu_probe.measure"
 # not on the GPU machine (lightgbm, gguf, llama_cpp), or not wanted on the probe's path at all
 BLOCKED = ("pandas", "pyarrow", "sklearn", "lightgbm", "typer", "gguf", "llama_cpp", "datasets", "matplotlib", "scipy")
 CPU_PATHS = ("dynamic", "static", "static-padded")
-
-
-def _module(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +42,7 @@ def probe_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("probe")
     blocker = (
         f"import sys, runpy\nfor m in {BLOCKED!r}: sys.modules[m] = None\n"
-        f"sys.argv = [{str(PROBE)!r}] + sys.argv[1:]\nrunpy.run_path({str(PROBE)!r}, run_name='__main__')\n"
+        f"sys.argv = [{PROBE!r}] + sys.argv[1:]\nrunpy.run_module({PROBE!r}, run_name='__main__')\n"
     )
     args = [
         "--device",
@@ -119,8 +113,7 @@ def test_tiny_probe_is_lossless_on_every_cpu_path_and_writes_profiles(probe_out)
 
 
 def test_compiled_path_is_skipped_on_a_cpu_not_imitated(tmp_path):
-    probe = _module(PROBE)
-    summary = probe.main(
+    summary = measure.main(
         [
             "--device",
             "cpu",
@@ -139,14 +132,13 @@ def test_compiled_path_is_skipped_on_a_cpu_not_imitated(tmp_path):
 
 
 def test_shape_files_build_their_families():
-    probe = _module(PROBE)
     for name in ("embedded-qwen2.5-coder", "llama-3.1-8b__llama-3.2-1b"):
-        shapes = probe.load_shapes(ROOT / "configs" / "shapes" / f"{name}.json")
-        for role, tiny in (("target", probe.TINY), ("draft", probe.TINY_DRAFT)):
-            model = probe.build_model(shapes[role]["config"], torch.device("cpu"), torch.float32, 0, tiny)
+        shapes = shapes_mod.load_shapes(ROOT / "configs" / "shapes" / f"{name}.json")
+        for role, tiny in (("target", shapes_mod.TINY), ("draft", shapes_mod.TINY_DRAFT)):
+            model = shapes_mod.build_model(shapes[role]["config"], torch.device("cpu"), torch.float32, 0, tiny)
             assert model.config.model_type == shapes[role]["config"]["model_type"]
             assert model.config.num_hidden_layers == tiny["num_hidden_layers"]
-    full = probe.load_shapes(ROOT / "configs/shapes/embedded-qwen2.5-coder.json")
+    full = shapes_mod.load_shapes(ROOT / "configs/shapes/embedded-qwen2.5-coder.json")
     assert (full["target"]["config"]["num_hidden_layers"], full["draft"]["config"]["hidden_size"]) == (28, 896)
 
 
@@ -168,8 +160,7 @@ def tiny_traces_and_artifact(tmp_path_factory):
 
 def test_gpu_simulate_gives_disco_simulators_numbers(probe_out, tiny_traces_and_artifact, tmp_path):
     traces, clf = tiny_traces_and_artifact
-    sim = _module(SIMULATE)
-    report = sim.main(
+    report = speedups.main(
         [
             "--profiles",
             str(probe_out),
@@ -194,7 +185,7 @@ def test_gpu_simulate_gives_disco_simulators_numbers(probe_out, tiny_traces_and_
         rows = {(r["policy"], r["setting"]): r["speedup"] for r in result["rows"].values()}
         assert all(rows[(r["policy"], r["setting"])] == r["speedup"] for r in table)
         shipped = simulate(prompts, replay_policy("classifier", classifier_threshold=0.5, model=artifact), 20)
-        assert result["rows"][sim.SHIPPED]["speedup"] == shipped.speedup(cost)
+        assert result["rows"][speedups.SHIPPED]["speedup"] == shipped.speedup(cost)
         k = int(result["rows"]["constant, k tuned"]["tuned_value"])
         assert result["rows"]["constant, k tuned"]["speedup"] == simulate(
             prompts, replay_policy("constant", k=k), 20
