@@ -35,13 +35,14 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # whole GiB (vLLM parses an int)
 
-from disco.compare import Entry, cost_model_speedups, run_compare, tuned_from_artifact, tuned_server  # noqa: E402
+from disco.compare import Entry, cost_model_speedups, run_compare, tuned_from_artifact  # noqa: E402
 from disco.cost import CostModel  # noqa: E402
 from disco.decode import DecodeConfig  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
 from disco.policies import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
+from disco.server_tuning import tuned_server  # noqa: E402
 from disco.stats import GenStats  # noqa: E402
 
 SHIPPED = "models/embedded-qwen2.5-coder-llamacpp"

@@ -500,8 +500,8 @@ def compare(
     _say("loading the pair …")
     pair = load_pair(options)
     server_tuned = {k: v for k, v in (("p_min", server_p_min), ("n_max", server_n_max)) if v is not None}
-    if classifier is not None and not server_tuned:  # tuned beside the artifact (bench/tune_llama_server.py)
-        from disco.compare import tuned_server
+    if classifier is not None and not server_tuned:  # tuned beside the artifact (disco.server_tuning)
+        from disco.server_tuning import tuned_server
 
         server_tuned = tuned_server(classifier) or {}
     entries = default_entries(

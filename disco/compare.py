@@ -157,16 +157,6 @@ def _selection_name(e: Entry) -> str:
     return RULES_NAME if e.spec.classifier_rule is not None else e.spec.name
 
 
-def tuned_server(path: str | Path) -> dict | None:
-    """llama-server's -md settings tuned on the classifier's validation prompts, if recorded beside
-    the artifact (server-tuned.json, written by bench/tune_llama_server.py): {n_max, p_min}."""
-    file = Path(path) / "server-tuned.json"
-    if not file.is_file():
-        return None
-    data = json.loads(file.read_text())
-    return {"n_max": int(data["n_max"]), "p_min": float(data["p_min"])}
-
-
 def check_seeds(seeds: int, temperature: float) -> None:
     if seeds < 1 or (seeds > 1 and temperature == 0):
         raise DiscoError(f"--seeds {seeds}: give 1, or more with --temperature > 0 (greedy decoding is deterministic)")

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from disco.compare import default_entries, format_table, run_compare, tuned_from_artifact, tuned_server
+from disco.compare import default_entries, format_table, run_compare, tuned_from_artifact
 from disco.decode import DecodeConfig
 from disco.defaults import DEFAULT_ENGINE, DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK, FULL_TRAIN_PER_TASK
 from disco.errors import DiscoError
 from disco.options import PairOptions
 from disco.pair import load_pair
 from disco.prompts import DATA_DIR, load_prompts
+from disco.server_tuning import tuned_server
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 # The classifiers shipped for the embedded pair, one per engine (each trained on that engine's traces:

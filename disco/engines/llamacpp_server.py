@@ -498,7 +498,7 @@ class ServerAnchor:
 
 def server_anchors(target, draft, tuned: dict | None) -> list[ServerAnchor]:
     """llama-server target-only, with -md at llama.cpp's defaults, and at `tuned` ({n_max, p_min}, tuned
-    on validation prompts: bench/tune_llama_server.py) when given."""
+    on validation prompts: disco.server_tuning) when given."""
     defaults = {"n_max": DRAFT_N_MAX, "n_min": DRAFT_N_MIN, "p_min": DRAFT_P_MIN}
     rows = [
         ServerAnchor(SERVER_TARGET_LABEL, target, draft, {}),
