@@ -179,8 +179,9 @@ def check_outputs(command: str, o: dict[str, Any]) -> None:
                 )
         check_out_dir(o["out"], "--out", o.get("overwrite", False), "artifact")
     elif command == "collect":
-        from disco.collect import check_trace_out, probe_lock
         from disco.files import probe_writable
+        from disco.launch import probe_lock
+        from disco.trace import check_trace_out
 
         out = Path(o["out"])
         check_trace_out(out)

@@ -578,9 +578,10 @@ def collect(
     `torchrun --standalone --nproc_per_node N cli.py collect …` (also on CPU)."""
     check_options("collect", locals())
     from disco.collect import collect as run_collect
-    from disco.collect import distributed, format_summary
+    from disco.launch import distributed
     from disco.pair import apply_pair_file, load_pair
     from disco.prompts import load_prompt_sources
+    from disco.trace import format_summary
 
     config.validate()
     items = load_prompt_sources(prompts, limit)

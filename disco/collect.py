@@ -13,44 +13,26 @@ live loop's randomness (see `coupled_draft` for what that does and does not appr
 
 Prompts are traced round-robin over tasks, so a partial (or interrupted) run covers every task.
 
-Storage (schema in disco/trace.py): `OUT/manifest.json` beside `OUT/data/`, which holds Parquet
-shards `part-rRRR-NNNNNN.parquet`: one row per position of y, each shard holding whole prompts,
-so `pandas.read_parquet("OUT/data")` and `datasets.load_dataset("parquet",
-data_files="OUT/data/*.parquet")` read the trace as is. A shard is written under
-a hidden temporary name and renamed, so a killed run never leaves a partial shard that reads as
-complete; the prompt ids inside the finished shards are the done-list a rerun resumes from.
-Several processes (torchrun / accelerate launch) each take prompts i with i % world == rank and
-write their own shards; the folder then holds the rows of a single-process run.
-
-One run writes a folder at a time (`folder_lock`: flock on OUT/.lock, so a second `disco collect`
-into it says it is busy); a prompt found in two shards is refused (trace.check_unique), and an
-unreadable shard is set aside under a hidden name until its prompts are traced again.
+Storage: the trace format (disco/trace.py: schema, shards, manifest, writer and reader). Several
+processes (torchrun / accelerate launch) each take prompts i with i % world == rank and write their own
+shards (disco/launch.py: ranks, the folder lock); the folder then holds the rows of a single-process run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
-import os
 import platform
-import re
-import signal
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 
 import disco
@@ -58,7 +40,6 @@ from disco.answers import answer_first_turns
 from disco.crash import keep
 from disco.decode import DecodeConfig, target_generate, warp
 from disco.defaults import DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
-from disco.engines.base import numeric_identity
 from disco.engines.registry import teacher_forced
 from disco.errors import DiscoError
 from disco.features import (
@@ -66,49 +47,29 @@ from disco.features import (
     WindowState,
     entropy,
     hidden_info,
-    hidden_projection,
     token_class_table,
     token_features,
 )
-from disco.files import atomic_write_json, current_umask, os_error
+from disco.files import os_error
+from disco.launch import Dist, folder_lock, sigterm_as_interrupt
 from disco.pair import Pair
 from disco.prompts import Prompt
 from disco.rounds import window_limit
-from disco.trace import COLUMNS, HIDDEN_COLUMN, MANIFEST, check_unique, signals_at
-
-# bump when the layout or the meaning of a column changes; /2 added the target-side signal columns
-# and the draft's hidden state, /3 sampled traces and target_prob_target (older traces stay readable
-# for the columns they have)
-FORMAT = "disco-trace/3"
-DATA = "data"  # the shards' subfolder: a folder of Parquet files only, so any Parquet reader takes it whole
-SHARD_GLOB = "part-r*.parquet"
-_SHARD_RE = re.compile(r"part-r(\d+)-(\d+)\.parquet")
-_TMP_PREFIX = ".part-"  # hidden and not *.parquet: no reader globbing the folder sees a partial shard
-_DAMAGED_PREFIX = (
-    ".damaged-"  # an unreadable shard, set aside (hidden: trace.read_traces skips it) until its prompts are redone
+from disco.trace import (
+    COLUMNS,
+    FORMAT,
+    HIDDEN_COLUMN,
+    ShardWriter,
+    check_prepared,
+    check_trace_out,
+    damaged_files,
+    done_ids,
+    encode_hidden,
+    finalize,
+    prepare_out_dir,
+    schema,
+    signals_at,
 )
-LOCK = ".lock"  # flock'ed by the one run writing the folder (rank 0); other ranks hold .lock-rNNN
-
-TRACE_COLUMNS: tuple[str, ...] = COLUMNS
-_INT_COLUMNS = ("gen_pos", "window_id", "label", "draft_token", "target_token")
-SCHEMA = pa.schema(
-    [
-        pa.field(
-            c,
-            pa.string()
-            if c in ("prompt_id", "task")
-            else pa.bool_()
-            if c == "oracle_drafted"
-            else pa.binary()
-            if c == HIDDEN_COLUMN
-            else pa.int64()
-            if c in _INT_COLUMNS
-            else pa.float32(),
-        )
-        for c in TRACE_COLUMNS
-    ]
-)
-
 
 # --- one prompt ---------------------------------------------------------------------------------
 
@@ -281,16 +242,7 @@ def teacher_forced_trace(
     ):
         columns[name] = value.cpu().numpy()
     columns[HIDDEN_COLUMN] = encode_hidden(states)
-    return pa.table({c: columns[c] for c in TRACE_COLUMNS}, schema=SCHEMA)
-
-
-def encode_hidden(states: torch.Tensor) -> list[bytes]:
-    """One float16 byte string per row: the draft's hidden states, projected when wide (features.hidden_projection)."""
-    states = states.float().cpu()
-    proj = hidden_projection(states.shape[-1])
-    if proj is not None:
-        states = states @ proj
-    return [row.tobytes() for row in states.to(torch.float16).numpy()]
+    return pa.table({c: columns[c] for c in COLUMNS}, schema=schema())
 
 
 def target_continuation(pair: Pair, prompt_ids: Sequence[int], config: DecodeConfig) -> tuple[list[int], torch.Tensor]:
@@ -318,56 +270,6 @@ def trace_prompt(
 
 
 # --- processes ----------------------------------------------------------------------------------
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Dist:
-    """This process's share of the prompts: prompt i belongs to rank i % world."""
-
-    rank: int = 0
-    world: int = 1
-
-    def mine(self, n: int) -> list[int]:
-        return list(range(self.rank, n, self.world))
-
-    def main_first(self, main: Callable[[], T], other: Callable[[], T] | None = None) -> T:
-        """Rank 0 runs `main` while the others wait, then the others run `other` (default `main`).
-
-        The barrier is passed even when rank 0 fails, so the others never hang: they then run
-        `other` themselves and fail with their own message, or carry on."""
-        if self.world == 1:
-            return main()
-        if self.rank == 0:
-            try:
-                return main()
-            finally:
-                torch.distributed.barrier()
-        torch.distributed.barrier()
-        return (other or main)()
-
-
-@contextlib.contextmanager
-def distributed() -> Iterator[Dist]:
-    """This process's rank and world size, from RANK / WORLD_SIZE as torchrun and `accelerate launch` set them.
-
-    With several processes: each uses GPU LOCAL_RANK (when there are GPUs), and a gloo group
-    serves the barriers at start-up (model loading, preparing the folder). Nothing is
-    synchronised after that, so a slow or killed rank never stalls or kills the others."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        yield Dist()
-        return
-    rank = int(os.environ["RANK"])
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    # Rank 0 may first prepare the embedded pair (minutes): a generous timeout for the first barrier.
-    torch.distributed.init_process_group("gloo", timeout=timedelta(hours=2))
-    try:
-        yield Dist(rank, world)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 # --- the trace folder ---------------------------------------------------------------------------
@@ -399,7 +301,7 @@ def build_manifest(
         "format": FORMAT,
         "pair": pair_info,
         "features": list(FEATURES),
-        "columns": list(TRACE_COLUMNS),
+        "columns": list(COLUMNS),
         "hidden": hidden_info(pair.draft_hidden_size),  # HIDDEN_COLUMN: the draft's last hidden state
         "generation": {
             "max_new_tokens": config.max_new_tokens,
@@ -413,237 +315,6 @@ def build_manifest(
         "versions": _versions(),
         "status": {"complete": False},
     }
-
-
-def _identity(manifest: dict) -> dict:
-    """What must agree for two runs to share a folder (the device may change: resuming a CPU run
-    on a GPU is fine; the dtype may not: it changes the numbers)."""
-    pair = {k: v for k, v in manifest.get("pair", {}).items() if k != "device"}
-    pair["engine"] = numeric_identity(pair.get("engine"))
-    prompts = {k: v for k, v in manifest.get("prompts", {}).items() if k != "sources"}
-    return {
-        "format": manifest.get("format"),
-        "pair": pair,
-        "features": manifest.get("features"),
-        "columns": manifest.get("columns"),
-        "generation": manifest.get("generation"),
-        "prompts": prompts,
-    }
-
-
-def _differences(old: dict, new: dict) -> list[str]:
-    a, b = _identity(old), _identity(new)
-    out = []
-    for key in b:
-        if isinstance(b[key], dict) and isinstance(a[key], dict):
-            out += [f"{key}.{k}" for k in b[key] if a[key].get(k) != b[key][k]]
-        elif a[key] != b[key]:
-            out.append(key)
-    return out
-
-
-def shard_files(out_dir: Path) -> list[Path]:
-    return sorted(p for p in (out_dir / DATA).glob(SHARD_GLOB) if _SHARD_RE.fullmatch(p.name))
-
-
-def read_manifest(out_dir: str | Path) -> dict | None:
-    path = Path(out_dir) / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DiscoError(f"{path} is not valid JSON ({e.msg}): delete the folder or use --overwrite") from e
-
-
-def prepare_out_dir(out_dir: Path, manifest: dict, overwrite: bool) -> None:
-    """Create the folder and its manifest, or check that a rerun may continue in it.
-
-    Only this module's files are ever deleted (shards, temporary shards, the manifest), so a
-    mistyped --out with --overwrite cannot wipe anything else."""
-    check_trace_out(out_dir)
-    shards = shard_files(out_dir)
-    old = None if overwrite else read_manifest(out_dir)
-    if old is not None:
-        diff = _differences(old, manifest)
-        if diff:
-            raise DiscoError(
-                f"{out_dir} holds traces of another pair, feature list, prompt list or settings "
-                f"(differs in {', '.join(diff)}): choose another --out, or pass --overwrite to replace them"
-            )
-    elif shards and not overwrite:
-        raise DiscoError(
-            f"{out_dir} holds trace shards but no {MANIFEST}: choose another --out, or pass --overwrite to replace them"
-        )
-    temps = list((out_dir / DATA).glob(f"{_TMP_PREFIX}*"))  # leftovers of a killed run: never complete
-    for path in temps + (shards + damaged_files(out_dir) if overwrite else []):
-        path.unlink()
-    if not overwrite:
-        set_aside_damaged(out_dir)
-    if old is None:
-        atomic_write_json(out_dir / MANIFEST, manifest)
-    (out_dir / DATA).mkdir(exist_ok=True)
-
-
-def check_trace_out(out_dir: Path) -> None:
-    """--out can hold traces: a new or empty folder, or one `disco collect` wrote. Anything else (a
-    file, an artifact, someone's folder) is refused even with --overwrite, which only ever replaces
-    traces."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DiscoError(f"--out {out_dir} is a file: give a folder for the trace")
-    if not out_dir.is_dir():
-        return
-    manifest = out_dir / MANIFEST
-    if manifest.is_file():
-        try:
-            fmt = str(json.loads(manifest.read_text(encoding="utf-8")).get("format", ""))
-        except (ValueError, AttributeError, OSError):
-            return  # a torn manifest: read_manifest explains
-        if not fmt.startswith("disco-trace"):
-            raise DiscoError(
-                f"--out {out_dir} holds a {MANIFEST} that is not a trace's (a classifier artifact?): "
-                "choose another --out for the traces"
-            )
-        return
-    ours = {DATA, LOCK}
-    others = sorted(p.name for p in out_dir.iterdir() if p.name not in ours and not p.name.startswith(f"{LOCK}-r"))
-    if others:
-        raise DiscoError(
-            f"--out {out_dir} is not empty and holds no traces ({', '.join(others[:3])}"
-            f"{', …' if len(others) > 3 else ''}): choose a new or empty folder for the traces"
-        )
-
-
-def damaged_files(out_dir: Path) -> list[Path]:
-    return sorted((out_dir / DATA).glob(f"{_DAMAGED_PREFIX}*"))
-
-
-def set_aside_damaged(out_dir: Path) -> list[Path]:
-    """Rename shards that cannot be read (a disk error, a copy cut short) to a hidden name that no
-    reader globs, so that their prompts count as not done and this run traces them again."""
-    damaged = []
-    for path in shard_files(out_dir):
-        try:
-            pq.read_table(path, columns=["prompt_id"])
-        except (pa.ArrowException, OSError) as e:
-            aside = path.with_name(f"{_DAMAGED_PREFIX}{path.name}")  # removed once every prompt is traced
-            path.rename(aside)
-            print(
-                f"disco collect: {path} is damaged ({str(e).splitlines()[0]}); set aside as {aside.name}, "
-                "its prompts are traced again",
-                file=sys.stderr,
-            )
-            damaged.append(aside)
-    return damaged
-
-
-def check_out_dir(out_dir: Path, manifest: dict) -> None:
-    """What ranks other than 0 do after rank 0 prepared the folder: make sure it is ours."""
-    old = read_manifest(out_dir)
-    if old is None or _differences(old, manifest):
-        raise DiscoError(f"{out_dir} was not prepared for this run (see rank 0's error)")
-
-
-def _read_shards(out_dir: Path, columns: Sequence[str], dictionary: Sequence[str] = ()) -> pa.Table:
-    """Columns of every finished shard; `dictionary`: string columns to keep dictionary-encoded
-    (pandas categoricals: millions of rows of prompt ids then cost little memory)."""
-    files = shard_files(out_dir)
-    tables = [pq.read_table(f, columns=list(columns), read_dictionary=list(dictionary)) for f in files]
-    if not tables:
-        return SCHEMA.empty_table().select(list(columns))
-    return pa.concat_tables(tables, promote_options="permissive")
-
-
-def _done_ids(out_dir: Path) -> set[str]:
-    """The prompts of the finished shards; a prompt in two shards is refused (trace.check_unique)."""
-    per_file = [
-        (f, pc.unique(pq.read_table(f, columns=["prompt_id"]).column("prompt_id")).to_pylist())
-        for f in shard_files(out_dir)
-    ]
-    check_unique(out_dir, per_file)
-    return {pid for _, ids in per_file for pid in ids}
-
-
-def summarize(df) -> dict:
-    """Rows, prompts, positive rate and oracle window lengths, overall and per task."""
-
-    def one(g) -> dict:
-        drafted = g[g["oracle_drafted"]]
-        windows = drafted.groupby(["prompt_id", "window_id"], observed=True)["label"].agg(["size", "sum"])
-        return {
-            "prompts": int(g["prompt_id"].nunique()),
-            "rows": int(len(g)),
-            "positive_rate": float(g["label"].mean()) if len(g) else 0.0,
-            "oracle_drafted_rows": int(len(drafted)),
-            "oracle_windows": int(len(windows)),
-            "mean_window": float(windows["size"].mean()) if len(windows) else 0.0,  # drafted per window
-            "mean_accepted": float(windows["sum"].mean()) if len(windows) else 0.0,  # accepted per window
-        }
-
-    return {"all": one(df), "by_task": {str(t): one(g) for t, g in df.groupby("task", sort=True, observed=True)}}
-
-
-def format_summary(summary: dict) -> str:
-    """A Markdown table of `summarize`'s output: one line per task, then all."""
-    lines = [
-        "| task | prompts | rows | positive rate | oracle windows | mean window | mean accepted |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for task, s in [*summary["by_task"].items(), ("all", summary["all"])]:
-        lines.append(
-            f"| {task} | {s['prompts']} | {s['rows']} | {s['positive_rate']:.3f} | {s['oracle_windows']} "
-            f"| {s['mean_window']:.2f} | {s['mean_accepted']:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-def _finalize(out_dir: Path, n_prompts: int) -> dict | None:
-    """Record counts in the manifest when every prompt is traced; None while some are missing.
-
-    Each rank calls this when it is done: only a rank that sees all prompts done writes, and
-    what it writes is computed from the finished shards alone, so two ranks finishing together
-    write the same file and a rank that finished early never overwrites the final counts."""
-    if len(_done_ids(out_dir)) < n_prompts:
-        return None
-    columns = ["prompt_id", "task", "label", "window_id", "oracle_drafted"]
-    df = _read_shards(out_dir, columns, dictionary=["prompt_id", "task"]).to_pandas()
-    manifest = read_manifest(out_dir)
-    manifest["status"] = {"complete": True, "prompts": n_prompts, "rows": int(len(df)), "summary": summarize(df)}
-    atomic_write_json(out_dir / MANIFEST, manifest)
-    return manifest
-
-
-class _ShardWriter:
-    """Buffers whole prompts and writes them as one shard: temporary name, then rename."""
-
-    def __init__(self, out_dir: Path, rank: int, shard_prompts: int, flush_s: float) -> None:
-        self.out_dir, self.rank, self.shard_prompts, self.flush_s = out_dir, rank, shard_prompts, flush_s
-        seqs = [int(m[2]) for p in shard_files(out_dir) if (m := _SHARD_RE.fullmatch(p.name)) and int(m[1]) == rank]
-        self.next_seq = max(seqs, default=-1) + 1  # a rerun appends after the shards it finds
-        self.tables: list[pa.Table] = []
-        self.since = time.monotonic()
-
-    def add(self, table: pa.Table) -> None:
-        self.tables.append(table)
-        if len(self.tables) >= self.shard_prompts or time.monotonic() - self.since >= self.flush_s:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.tables:
-            folder = self.out_dir / DATA
-            final = folder / f"part-r{self.rank:03d}-{self.next_seq:06d}.parquet"
-            fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}r{self.rank:03d}-", suffix=".tmp", dir=folder)
-            os.close(fd)
-            try:
-                pq.write_table(pa.concat_tables(self.tables), tmp)
-                os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp's 0600 would hide the trace from the group
-                os.replace(tmp, final)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            self.next_seq += 1
-            self.tables = []
-        self.since = time.monotonic()
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -742,17 +413,18 @@ def collect(
 
             def join() -> None:  # the other ranks, once rank 0 prepared the folder
                 held.enter_context(folder_lock(out_dir, dist))
-                check_out_dir(out_dir, manifest)
+                check_prepared(out_dir, manifest)
 
             dist.main_first(prepare, join)
-            done = _done_ids(out_dir)
+            done = done_ids(out_dir)
             mine = dist.mine(len(prompts))
             todo = round_robin([i for i in mine if prompts[i].id not in done], [p.task for p in prompts])
             stats.prompts_mine, stats.prompts_skipped = len(mine), len(mine) - len(todo)
             if todo:
                 keep(f"the finished shards are kept in {out_dir}: rerun the same command to resume")
-                _run(pair, prompts, encoded, todo, out_dir, config, dist, shard_prompts, flush_s, progress, stats)
-            stats.manifest = _finalize(out_dir, len(prompts))
+                with sigterm_as_interrupt():  # a `kill` ends the run like Ctrl-C: the finished prompts are flushed
+                    _run(pair, prompts, encoded, todo, out_dir, config, dist, shard_prompts, flush_s, progress, stats)
+            stats.manifest = finalize(out_dir, len(prompts))
             if stats.manifest is not None:  # every prompt traced, those of set-aside shards too: drop them
                 for path in damaged_files(out_dir):
                     path.unlink(missing_ok=True)
@@ -765,76 +437,6 @@ def collect(
             ) from None
     stats.wall_s = time.perf_counter() - t0
     return stats
-
-
-def _lock_token(dist: Dist) -> str:
-    """Who holds the folder: this process, or (torchrun, accelerate launch) this launch, whose ranks
-    share the launcher's run id (or parent process)."""
-    if dist.world == 1:
-        return f"pid {os.getpid()} on {platform.node()}"
-    return f"launch {os.environ.get('TORCHELASTIC_RUN_ID') or os.getppid()} on {platform.node()}"
-
-
-def _busy(out_dir: Path, holder: str) -> DiscoError:
-    return DiscoError(
-        f"--out {out_dir} is busy: another disco collect ({holder or 'another process'}) is writing "
-        "into it; wait for it to end (then rerun to resume), or choose another --out"
-    )
-
-
-def _try_flock(fh) -> bool:
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-@contextlib.contextmanager
-def folder_lock(out_dir: Path, dist: Dist = Dist()) -> Iterator[None]:
-    """One run writes a trace folder at a time. Rank 0 holds an exclusive flock on OUT/.lock for the
-    whole run (released if the process dies) with its launch's token inside; every other rank checks
-    that token (so the ranks of a second launch stop too) and holds OUT/.lock-rNNN, which rank 0 of a
-    later run must find free (a rank may still be writing after rank 0 ended)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    token = _lock_token(dist)
-    with contextlib.ExitStack() as stack:
-        if dist.rank == 0:
-            fh = stack.enter_context(open(out_dir / LOCK, "a+"))
-            if not _try_flock(fh):
-                fh.seek(0)
-                raise _busy(out_dir, fh.read().strip())
-            for other in out_dir.glob(f"{LOCK}-r*"):
-                with open(other, "a+") as oh:
-                    if not _try_flock(oh):
-                        raise _busy(
-                            out_dir, f"rank {other.name.rsplit('-r', 1)[-1].lstrip('0') or '0'} of an earlier launch"
-                        )
-                    fcntl.flock(oh, fcntl.LOCK_UN)
-            fh.seek(0)
-            fh.truncate()
-            fh.write(token + "\n")
-            fh.flush()
-        else:
-            holder = (out_dir / LOCK).read_text().strip() if (out_dir / LOCK).is_file() else ""
-            if holder != token:
-                raise _busy(out_dir, holder)
-            fh = stack.enter_context(open(out_dir / f"{LOCK}-r{dist.rank:03d}", "a+"))
-            if not _try_flock(fh):
-                raise _busy(out_dir, f"rank {dist.rank} of another launch")
-        yield
-
-
-def probe_lock(out_dir: Path) -> None:
-    """Before the models load: refuse a folder another run holds now (collect takes the lock itself later)."""
-    lock = out_dir / LOCK
-    if not lock.is_file():
-        return
-    with open(lock, "a+") as fh:
-        if not _try_flock(fh):
-            fh.seek(0)
-            raise _busy(out_dir, fh.read().strip())
-        fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _run(
@@ -853,7 +455,7 @@ def _run(
     from tqdm import tqdm
 
     token_classes = token_class_table(pair.tokenizer, pair.vocab_size).to(pair.device)
-    writer = _ShardWriter(out_dir, dist.rank, shard_prompts, flush_s)
+    writer = ShardWriter(out_dir, dist.rank, shard_prompts, flush_s)
     # One bar, on rank 0: its share is within one prompt of every other rank's.
     bar = tqdm(
         total=stats.prompts_mine,
@@ -863,10 +465,6 @@ def _run(
         disable=not progress or dist.rank != 0,
         file=sys.stderr,
         dynamic_ncols=True,
-    )
-    # A `kill` (SIGTERM, as job schedulers send) ends the run like Ctrl-C: the finished prompts are flushed.
-    old_term = (
-        signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     )
     try:
         for i in todo:
@@ -894,9 +492,3 @@ def _run(
         raise
     finally:
         bar.close()
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")

@@ -17,14 +17,15 @@ from test_cli import cli
 from tiny import VOCAB, char_tokenizer, save_tiny, tiny_pair
 
 import disco.collect as collect_mod
-from disco.collect import TRACE_COLUMNS, collect, oracle_windows, read_manifest, teacher_forced_trace
+from disco.collect import collect, oracle_windows, teacher_forced_trace
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
 from disco.features import FEATURES, WindowState, token_class_table, token_features, top_probs
 from disco.pair import pair_from_models
 from disco.policy import OraclePolicy
 from disco.prompts import Prompt, load_prompt_sources
-from disco.trace import HIDDEN_COLUMN, read_trace_rows
+from disco.trace import COLUMNS as TRACE_COLUMNS
+from disco.trace import HIDDEN_COLUMN, read_manifest, read_trace_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN_INFO = ["gen_pos", "window_id", "oracle_drafted", "label", "draft_token", "target_token"]
@@ -290,16 +291,18 @@ def test_rerun_after_interruptions_gives_the_same_rows(pair32, tmp_path, monkeyp
 
     # 2. Killed while writing a shard: a partial temporary file, never read as a shard.
     monkeypatch.setattr(collect_mod, "teacher_forced_trace", real_trace)
-    real_write = collect_mod.pq.write_table
+    import pyarrow.parquet as pq
+
+    real_write = pq.write_table
 
     def torn_write(table, where, **kw):
         Path(where).write_bytes(b"PAR1 half a shard")
         raise SystemExit("killed mid-write")
 
-    monkeypatch.setattr(collect_mod.pq, "write_table", torn_write)
+    monkeypatch.setattr(pq, "write_table", torn_write)
     with pytest.raises(SystemExit):
         collect(pair32, prompts, out, CONFIG, shard_prompts=2, progress=False)
-    monkeypatch.setattr(collect_mod.pq, "write_table", real_write)
+    monkeypatch.setattr(pq, "write_table", real_write)
     (out / "data" / ".part-r000-leftover.tmp").write_bytes(b"PAR1 torn")  # as a SIGKILL mid-write leaves it
     assert set(read_trace_rows(out)["prompt_id"]) == {p.id for p in prompts[:3]}
 

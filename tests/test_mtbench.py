@@ -201,7 +201,8 @@ def test_generate_answers_turn_one_first(standin, folders, tmp_path, capsys):  #
 
 
 def test_collect_traces_the_conversations_and_resumes(standin, tmp_path):
-    from disco.collect import collect, read_manifest
+    from disco.collect import collect
+    from disco.trace import read_manifest
 
     pair, out = tiny("a"), tmp_path / "traces"
     config = DecodeConfig(max_new_tokens=6, max_window=4)

@@ -22,9 +22,10 @@ from test_collect import CONFIG, make_prompts, pair32  # noqa: F401 -- the fixtu
 from tiny import char_tokenizer, save_tiny, tiny_pair
 
 from disco.artifact import load_artifact, rehash_artifact
-from disco.collect import collect, folder_lock
+from disco.collect import collect
 from disco.errors import DiscoError
 from disco.files import write_or_rescue
+from disco.launch import folder_lock
 from disco.trace import read_trace_rows, read_traces
 
 ROOT = Path(__file__).resolve().parent.parent

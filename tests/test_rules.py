@@ -268,8 +268,8 @@ def test_head_artifact_round_trip_and_refusals(tmp_path):
 
 
 def test_wide_hidden_states_are_projected_with_the_recorded_seed():
-    from disco.collect import encode_hidden
     from disco.features import HIDDEN_MAX_DIM, HIDDEN_PROJECTED_DIM, hidden_info, hidden_projection
+    from disco.trace import encode_hidden
 
     states = torch.randn(3, HIDDEN_MAX_DIM + 8)
     stored = [np.frombuffer(b, np.float16) for b in encode_hidden(states)]
