@@ -192,7 +192,7 @@ def simulate_report(traces: str, artifact: str, profile: str, max_window: int) -
 
     from disco.artifact import load_artifact
     from disco.simulate import replay_policy, simulate_many
-    from disco.train import load_trace_data, traces_for
+    from disco.train_data import load_trace_data, traces_for
 
     cost = CostModel.load(profile)
     data = load_trace_data([traces])

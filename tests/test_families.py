@@ -39,7 +39,8 @@ from disco.options import PairOptions
 from disco.pair import load_pair, load_pair_config, pair_from_models
 from disco.policies import PolicySpec, make_policy
 from disco.prompts import Prompt
-from disco.train import RULE_GRIDS, TrainConfig, train
+from disco.train import TrainConfig, train
+from disco.tuning import RULE_GRIDS
 
 ROOT = Path(__file__).resolve().parent.parent
 _COMMON = dict(vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=0, bos_token_id=None, tie_word_embeddings=False)

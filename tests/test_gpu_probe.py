@@ -27,7 +27,8 @@ from disco.gpu_probe import shapes as shapes_mod
 from disco.pair import pair_from_models
 from disco.prompts import Prompt
 from disco.simulate import replay_policy, simulate
-from disco.train import load_trace_data, policy_table, traces_for
+from disco.train_data import load_trace_data, traces_for
+from disco.tuning import policy_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = "disco.gpu_probe.measure"

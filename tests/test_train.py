@@ -19,18 +19,11 @@ from disco.cost import CostModel
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
 from disco.features import FEATURES, TARGET_SIGNALS
+from disco.fitting import fit_model
 from disco.simulate import replay_policy, simulate
-from disco.train import (
-    RULE_GRIDS,
-    THRESHOLD_GRID,
-    TrainConfig,
-    fit_model,
-    load_trace_data,
-    split_by_prompt,
-    traces_for,
-    train,
-    tune,
-)
+from disco.train import TrainConfig, train
+from disco.train_data import load_trace_data, split_by_prompt, traces_for
+from disco.tuning import RULE_GRIDS, THRESHOLD_GRID, tune
 
 PAIR = {"target": "/models/tiny-target", "draft": "/models/tiny-draft", "tokenizer_hash": "abc"}
 

@@ -28,9 +28,10 @@ import numpy as np
 
 from disco.artifact import load_artifact
 from disco.cost import CostModel
-from disco.defaults import DEFAULT_MAX_WINDOW
+from disco.defaults import DEFAULT_MAX_WINDOW, DEFAULT_VAL_FRACTION
 from disco.simulate import replay_policy, simulate_many
-from disco.train import DEFAULT_VAL_FRACTION, load_trace_data, policy_table, row_tasks, split_by_prompt, traces_for
+from disco.train_data import load_trace_data, row_tasks, split_by_prompt, traces_for
+from disco.tuning import policy_table
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: models/
 ARTIFACT = ROOT / "models/embedded-qwen2.5-coder"

@@ -1,0 +1,194 @@
+"""`disco train`'s fitting: the models of P(accept) (LightGBM, logistic regression, a small MLP:
+`fit_model`; the acceptance head on the draft's hidden state: `fit_head`), their Platt calibration
+and their classification metrics.
+
+Class imbalance: most drafted tokens are accepted. Rather than reweighting by default,
+which would shift the probabilities away from calibrated acceptance rates (log-loss and a
+future product-of-probabilities rule need them calibrated), the imbalance is handled where
+it matters: the operating point is the threshold that maximises simulated speedup, not
+0.5, and the metrics include PR-AUC of the minority (rejected) class. `balanced=True`
+(--balanced) reweights the classes instead.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+from disco.artifact import Calibration, DenseModel, LightGBMModel, Model
+from disco.defaults import (
+    MODEL_KINDS,
+)
+from disco.errors import DiscoError
+from disco.features import FEATURES
+
+
+def soft_rows(
+    X: np.ndarray, soft: np.ndarray, weight: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Soft labels as weighted hard ones: each row twice, labelled 1 with weight a and 0 with 1 - a.
+    The log-loss of that data is the cross-entropy against a, so any classifier taking sample weights
+    fits P(accept) to the soft label."""
+    w = np.ones(len(soft)) if weight is None else weight
+    return (
+        np.concatenate([X, X]),
+        np.concatenate([np.ones(len(soft), int), np.zeros(len(soft), int)]),
+        np.concatenate([w * soft, w * (1 - soft)]),
+    )
+
+
+def fit_model(
+    kind: str,
+    X: np.ndarray,
+    y: np.ndarray,
+    columns: Sequence[int] | None = None,
+    seed: int = 0,
+    balanced: bool = False,
+    soft: np.ndarray | None = None,
+) -> Model:
+    """Fit on FEATURES[columns] of X (all when None) and return the portable model (artifact.py),
+    which is what every later prediction uses, so the saved artifact predicts identically.
+    soft: fit on these acceptance probabilities instead of the labels y (soft_rows).
+    (The head on the draft's hidden state is `fit_head`.)"""
+    from sklearn.utils.class_weight import compute_sample_weight
+
+    if kind not in MODEL_KINDS:
+        raise DiscoError(f"unknown model {kind!r}: choose one of {', '.join(MODEL_KINDS)}")
+    cols = list(range(len(FEATURES))) if columns is None else list(columns)
+    Xc, weight = X[:, cols], compute_sample_weight("balanced", y) if balanced else None
+    if soft is not None:
+        Xc, y, weight = soft_rows(Xc, soft, weight)
+    if kind == "lightgbm":
+        import lightgbm
+
+        clf = lightgbm.LGBMClassifier(
+            n_estimators=200,
+            learning_rate=0.05,
+            num_leaves=31,
+            min_child_samples=20,
+            subsample=0.8,
+            subsample_freq=1,
+            colsample_bytree=0.9,
+            random_state=seed,
+            verbose=-1,
+        )
+        clf.fit(Xc, y, sample_weight=weight, feature_name=[FEATURES[i] for i in cols])
+        return LightGBMModel(clf.booster_, cols)
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    clf = (
+        LogisticRegression(max_iter=1000)
+        if kind == "logistic"
+        else MLPClassifier(hidden_layer_sizes=(32, 32), max_iter=300, early_stopping=True, random_state=seed)
+    )
+    pipe = make_pipeline(StandardScaler(), clf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # small data: a few more iterations change little
+        pipe.fit(Xc, y, **{f"{pipe.steps[-1][0]}__sample_weight": weight} if weight is not None else {})
+    return DenseModel.from_sklearn(pipe, cols)
+
+
+HEAD_HIDDEN = 64  # units of the head's one hidden layer (0: logistic on the same inputs)
+HEAD_WEIGHT_DECAY = 1e-3  # L2 on the head's weights: ~900 hidden dims and tens of thousands of rows overfit easily
+
+
+def fit_head(
+    X: np.ndarray,
+    H: np.ndarray,
+    y: np.ndarray,
+    columns: Sequence[int],
+    groups: np.ndarray,
+    seed: int = 0,
+    hidden_units: int = HEAD_HIDDEN,
+    max_steps: int = 400,
+) -> DenseModel:
+    """An acceptance head (SpecDec++'s idea, small): standardised [FEATURES[columns], draft hidden state]
+    -> one ReLU layer -> sigmoid, fitted in torch (full-batch Adam, L2), early-stopped on the log-loss
+    of 15 % of the training prompts (`groups`: each row's prompt id). Returns a DenseModel of kind "head"."""
+    import torch
+
+    Z = np.concatenate([X[:, list(columns)], H], 1).astype(np.float64)
+    mean, scale = Z.mean(0), Z.std(0)
+    scale[scale < 1e-8] = 1.0
+    rng = np.random.default_rng(seed)
+    prompts = np.unique(groups)
+    held = np.isin(groups, rng.permutation(prompts)[: max(1, int(0.15 * len(prompts)))])
+    if len(np.unique(y[~held])) < 2 or not held.any():
+        held = np.zeros(len(y), bool)
+    torch.manual_seed(seed)
+    t = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    Zt, yt = t((Z - mean) / scale), t(y)
+    sizes = [Z.shape[1], *([hidden_units] if hidden_units else []), 1]
+    layers = [torch.nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])]
+    net = torch.nn.Sequential(*[m for lin in layers for m in (lin, torch.nn.ReLU())][:-1])
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=HEAD_WEIGHT_DECAY)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    fit_rows, val_rows = torch.tensor(~held), torch.tensor(held)
+    best, best_state = float("inf"), None
+    for step in range(max_steps):
+        net.train()
+        opt.zero_grad()
+        loss = loss_fn(net(Zt[fit_rows])[:, 0], yt[fit_rows])
+        loss.backward()
+        opt.step()
+        if step % 10 == 9 or step == max_steps - 1:
+            with torch.no_grad():
+                rows = val_rows if held.any() else fit_rows
+                v = float(loss_fn(net(Zt[rows])[:, 0], yt[rows]))
+            if v < best:
+                best, best_state = v, [(lin.weight.detach().clone(), lin.bias.detach().clone()) for lin in layers]
+    weights = [(W.T.double().numpy(), b.double().numpy()) for W, b in best_state]
+    return DenseModel("head", mean, scale, weights, "relu" if hidden_units else "identity", columns, H.shape[1])
+
+
+def platt(p: np.ndarray, y: np.ndarray) -> Calibration:
+    """Platt scaling fitted on (validation) rows: the cumulative and cost rules multiply probabilities."""
+    from sklearn.linear_model import LogisticRegression
+
+    if len(np.unique(y)) < 2:
+        return Calibration()
+    p = np.clip(p, 1e-7, 1 - 1e-7)
+    lr = LogisticRegression(C=1e6).fit(np.log(p / (1 - p))[:, None], y)
+    return Calibration(float(lr.coef_[0, 0]), float(lr.intercept_[0]))
+
+
+def classification_metrics(y: np.ndarray, p: np.ndarray) -> dict:
+    """ROC-AUC, PR-AUC (accepted and rejected class), log-loss, accuracy at 0.5, on one split."""
+    from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
+
+    both = len(np.unique(y)) == 2  # ranking metrics need both classes
+    return {
+        "rows": int(len(y)),
+        "accept_rate": float(np.mean(y)),
+        "roc_auc": float(roc_auc_score(y, p)) if both else None,
+        "pr_auc": float(average_precision_score(y, p)) if both else None,
+        "pr_auc_reject": float(average_precision_score(1 - y, 1 - p)) if both else None,
+        "log_loss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7), labels=[0, 1])),
+        "accuracy": float(accuracy_score(y, p >= 0.5)),
+    }
+
+
+def permutation_importance(model: Model, X: np.ndarray, y: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """Drop in validation ROC-AUC when one feature's column is shuffled (0 for unused features):
+    one measure for every model kind."""
+    from sklearn.metrics import roc_auc_score
+
+    if len(np.unique(y)) < 2:
+        return {}
+    rng = np.random.default_rng(seed)
+    base = roc_auc_score(y, model.predict_proba(X))
+    out = {}
+    for i, name in enumerate(FEATURES):
+        if i not in model.columns:
+            out[name] = 0.0
+            continue
+        Xp = X.copy()
+        Xp[:, i] = rng.permutation(Xp[:, i])
+        out[name] = float(base - roc_auc_score(y, model.predict_proba(Xp)))
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
