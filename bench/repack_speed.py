@@ -42,8 +42,11 @@ def main() -> None:
             for row, (n, s) in (("target", (len(ref.tokens), t1 - t0)), ("classifier", (len(res.tokens), t2 - t1))):
                 tok, sec = totals.setdefault((row, mode), [0.0, 0.0])
                 totals[row, mode] = [tok + n, sec + s]
-            print(f"{p.id} repack {mode}: target {len(ref.tokens) / (t1 - t0):.2f} tok/s, classifier "
-                  f"{len(res.tokens) / (t2 - t1):.2f} tok/s, = target {res.tokens == ref.tokens}", flush=True)
+            print(
+                f"{p.id} repack {mode}: target {len(ref.tokens) / (t1 - t0):.2f} tok/s, classifier "
+                f"{len(res.tokens) / (t2 - t1):.2f} tok/s, = target {res.tokens == ref.tokens}",
+                flush=True,
+            )
     print(f"\n{len(prompts)} prompts x {a.max_new_tokens} tokens; every classifier row = target: {same}")
     print("| row | repack on tok/s | repack off tok/s | on/off |\n|---|---|---|---|")
     for row in ("target", "classifier"):
