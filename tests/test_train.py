@@ -295,7 +295,7 @@ def test_disco_train_command(traces_dir, tmp_path, capsys):
         assert policy in stdout, policy
     manifest = json.loads((out / "manifest.json").read_text())
     art = load_artifact(out, expect_pair=PAIR)
-    assert art.threshold == manifest["tuned"]["classifier_setting"] in RULE_GRIDS[art.rule]
+    assert art.threshold == manifest["tuned"]["classifier_threshold"] in RULE_GRIDS[art.rule]
     # the choice: the fastest of the learned policies and the tuned threshold, with its margin
     rows = {(r["policy"], r["setting"]): r["speedup"] for r in manifest["speedups"]}
     learned = max(v for (p, _), v in rows.items() if p.startswith("classifier"))
