@@ -40,7 +40,7 @@ from disco.cost import CostModel  # noqa: E402
 from disco.decode import DecodeConfig  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
-from disco.policies import PolicySpec  # noqa: E402
+from disco.policy_registry import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
 from disco.server_tuning import tuned_server  # noqa: E402
 from disco.stats import GenStats  # noqa: E402
@@ -202,7 +202,7 @@ def simulate_report(traces: str, artifact: str, profile: str, max_window: int) -
     factories = {
         "oracle": replay_policy("oracle", **w),
         f"classifier ({art.rule} rule {art.threshold:g})": replay_policy(
-            "classifier", classifier_threshold=art.threshold, model=art, classifier_rule=art.rule, cost=cost, **w
+            "classifier", classifier_setting=art.threshold, model=art, classifier_rule=art.rule, cost=cost, **w
         ),
         f"threshold {tuned['threshold']:g} (tuned)": replay_policy("threshold", threshold=tuned["threshold"], **w),
         f"constant k={tuned['k']} (tuned)": replay_policy("constant", k=tuned["k"], **w),

@@ -12,7 +12,7 @@ import time
 from disco.decode import DecodeConfig, generate, target_generate
 from disco.options import PairOptions
 from disco.pair import load_pair
-from disco.policies import PolicySpec
+from disco.policy_registry import PolicySpec
 from disco.prompts import load_prompt_sources
 
 ARTIFACT = "models/embedded-qwen2.5-coder-llamacpp"

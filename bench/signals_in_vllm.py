@@ -36,7 +36,7 @@ def main(profile: str, traces: str, artifacts: list[str]) -> None:
         factory = {
             "c": replay_policy(
                 "classifier",
-                classifier_threshold=setting,
+                classifier_setting=setting,
                 model=art,
                 classifier_rule="cost",
                 cost=cost,

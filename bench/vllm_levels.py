@@ -14,7 +14,7 @@ from disco.cost import CostModel  # noqa: E402
 from disco.decode import DecodeConfig  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
-from disco.policies import PolicySpec  # noqa: E402
+from disco.policy_registry import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
 from disco.serving import run_serving_compare  # noqa: E402
 

@@ -12,7 +12,7 @@ from disco.compare import Entry, format_tables
 from disco.decode import DecodeConfig
 from disco.options import PairOptions
 from disco.pair import load_pair
-from disco.policies import PolicySpec
+from disco.policy_registry import PolicySpec
 from disco.prompts import load_prompt_sources
 from disco.serving import run_serving_compare
 

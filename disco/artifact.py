@@ -467,6 +467,63 @@ def save_artifact(
     return folder
 
 
+def training_manifest(
+    *,
+    setting: float,
+    rule: str,
+    choice: dict,
+    calibration: Calibration,
+    hidden: dict | None,
+    pair: dict,
+    max_window: int,
+    sampling: dict | None,
+    training: dict,
+    metrics: dict,
+    model_metrics: dict,
+    cost: CostModel,
+    tuned_threshold: float,
+    tuned_k: int,
+    tuned_adaedl_lambda: float,
+    tuned_svip_h: float,
+    tuned_rules: dict[str, float],
+    speedups: list[dict],
+    importance: dict[str, float],
+    ablation: list[dict],
+    per_task: list[dict],
+    cross_task: list[dict],
+) -> dict:
+    """The training side of an artifact's manifest (`disco train`'s record; save_artifact adds the model
+    file's fields, versions and the integrity hash). Its one builder: what Artifact and compare read."""
+    return {
+        "threshold": setting,  # the parameter of `rule` (a P(accept) threshold for the token rule)
+        "rule": rule,
+        "choice": choice,  # what `--policy classifier` runs (tuning.choose)
+        "calibration": {"a": calibration.a, "b": calibration.b},
+        **({"hidden": hidden} if hidden is not None else {}),  # the head's input: the draft's hidden state
+        "pair": pair,
+        "tokenizer_hash": pair.get("tokenizer_hash"),
+        "max_window": max_window,
+        "sampling": sampling,  # the decoding it was trained and tuned for (generate warns at another)
+        "training": training,  # rows, labels, seed, split, the traces' manifests
+        "validation_metrics": metrics,
+        "model_metrics": model_metrics,
+        "cost_model": cost.to_dict(),
+        "tuned": {  # what `disco compare` runs as fair baselines (compare.tuned_from_artifact)
+            "classifier_threshold": setting,  # the manifest key compare reads (the rule's setting)
+            "threshold": tuned_threshold,
+            "k": tuned_k,
+            "adaedl_lambda": tuned_adaedl_lambda,
+            "svip_h": tuned_svip_h,
+            "rules": tuned_rules,
+        },
+        "speedups": speedups,
+        "importance": importance,
+        "ablation": ablation,
+        "per_task": per_task,
+        "cross_task": cross_task,
+    }
+
+
 def _model_name(source: str) -> str:
     """A model's name without its location: "embedded:qwen2.5-coder-1.5b-instruct", the cached
     folder ~/.cache/disco/embedded/qwen2.5-coder-1.5b-instruct and "Qwen/…-1.5B-Instruct" style ids

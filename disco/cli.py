@@ -74,7 +74,7 @@ from disco.settings import SettingError
 
 if TYPE_CHECKING:
     from disco.decode import DecodeConfig
-    from disco.policies import PolicySpec
+    from disco.policy_registry import PolicySpec
 
 app = typer.Typer(
     help="disco: a learned draft-stopping policy for speculative decoding (DISCO, arXiv 2405.04304).",
@@ -284,7 +284,7 @@ def decode_options(**help_texts: str):
     )
 
 
-# A policy's options: policies.PolicySpec, field by field (received as `spec: PolicySpec`, its knobs checked).
+# A policy's options: policy_registry.PolicySpec, field by field (received as `spec: PolicySpec`, its knobs checked).
 _POLICY_OPTIONS: dict[str, tuple[Any, Any]] = {
     "name": (str, typer.Option(DEFAULT_POLICY, "--policy", help=f"Stopping policy: {', '.join(POLICY_NAMES)}.")),
     "k": (int, typer.Option(DEFAULT_K, help="constant: window length; heuristic: first window length.")),
@@ -305,9 +305,9 @@ _POLICY_OPTIONS: dict[str, tuple[Any, Any]] = {
         Optional[str],
         typer.Option(None, help="classifier: the trained artifact folder (disco train --out)."),
     ),
-    "classifier_threshold": (
+    "classifier_setting": (
         Optional[float],
-        typer.Option(None, help="classifier: override the tuned setting of its rule."),
+        typer.Option(None, "--classifier-threshold", help="classifier: override the tuned setting of its rule."),
     ),
     "classifier_rule": (
         Optional[str],
@@ -325,7 +325,7 @@ _POLICY_OPTIONS: dict[str, tuple[Any, Any]] = {
 
 
 def _policy_spec(**fields: Any):
-    from disco.policies import PolicySpec  # the policies: only once a command runs
+    from disco.policy_registry import PolicySpec  # the policies: only once a command runs
 
     return PolicySpec(**fields)
 

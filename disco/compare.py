@@ -32,7 +32,7 @@ from disco.engines.registry import ANCHOR_NAMES, teacher_forced
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, atomic_write_text, write_dir
 from disco.pair import Pair
-from disco.policies import PolicySpec
+from disco.policy_registry import PolicySpec
 from disco.prompts import Prompt
 
 TARGET_LABEL = "target"
@@ -104,7 +104,7 @@ def default_entries(
                 -1,
                 Entry(
                     f"classifier {rule} rule {setting:g} (tuned)",
-                    PolicySpec("classifier", classifier=classifier, classifier_rule=rule, classifier_threshold=setting),
+                    PolicySpec("classifier", classifier=classifier, classifier_rule=rule, classifier_setting=setting),
                 ),
             )
     for other in more_classifiers:

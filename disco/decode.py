@@ -24,8 +24,8 @@ from disco.engines.base import Engine, Session, sync
 from disco.engines.registry import as_engine, check_compatible
 from disco.errors import DiscoError
 from disco.features import target_signals
-from disco.policies import PolicySpec
 from disco.policy import DraftStep, StoppingPolicy, decide_now
+from disco.policy_registry import PolicySpec
 from disco.rounds import commit, draft_window, end_round, leading_run, window_limit
 from disco.settings import check_setting
 from disco.stats import GenResult, GenStats

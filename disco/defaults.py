@@ -22,7 +22,7 @@ ADAEDL_GAMMA, ADAEDL_LAMBDA, ADAEDL_BETA1, ADAEDL_BETA2, ADAEDL_EPS, ADAEDL_ALPH
 # SVIP's released code (github.com/Geralt-Targaryen/SVIP, vanilla-sd/eval_specbench.py): c = 0.15, h = 0.3.
 SVIP_C, SVIP_H = 0.15, 0.3
 # "target" is plain target-only decoding (no draft): the baseline every speedup is measured against.
-# The registry that builds each one is policies.POLICIES; this tuple is its key list, kept here for --help.
+# The registry that builds each one is policy_registry.POLICIES; this tuple is its key list, kept here for --help.
 POLICY_NAMES = ("target", "constant", "heuristic", "threshold", "adaedl", "svip", "oracle", "classifier")
 DEFAULT_POLICY = "threshold"
 

@@ -24,8 +24,8 @@ import torch
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
 from disco.pair import eos_ids, pair_from_models
-from disco.policies import PolicySpec
 from disco.policy import DEFAULT_MAX_WINDOW
+from disco.policy_registry import PolicySpec
 
 
 def disco_generate(

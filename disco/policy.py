@@ -13,7 +13,7 @@ Every policy implements the same calls (docs/architecture.md, "Policies"; `Polic
                                   computed only if the policy calls it
 
 The decoding loop owns the hard limits (max window, tokens left to generate); a policy only
-decides to stop early. A policy's knobs are checked once, by policies.PolicySpec (ranges: settings.py);
+decides to stop early. A policy's knobs are checked once, by policy_registry.PolicySpec (ranges: settings.py);
 the classes here take them as given. A policy that needs the draft's probabilities reads them from the
 `DraftStep`; that read is the loop's one host sync per draft token. A policy with
 `needs_hidden` gets the draft's last hidden state in `DraftStep.hidden`.

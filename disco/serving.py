@@ -39,8 +39,8 @@ from disco.defaults import DEFAULT_VLLM_MAX_SEQS
 from disco.engines.vllm import ServingRow, SpecConfig
 from disco.errors import DiscoError
 from disco.pair import Pair
-from disco.policies import PolicySpec
 from disco.policy import StoppingPolicy, decide_now
+from disco.policy_registry import PolicySpec
 from disco.rounds import draft_window, end_round, leading_run
 from disco.stats import GenResult, GenStats
 

@@ -34,12 +34,12 @@ POSITIVE = Range(lambda v: v >= 1, "positive")
 WINDOW = at_least(1)  # max_window where windows are measured or simulated (train, profile): one draft at least
 
 RANGES: dict[str, Range] = {
-    # a policy's knobs (policies.PolicySpec)
+    # a policy's knobs (policy_registry.PolicySpec)
     "k": at_least(1),  # constant: window length; heuristic: first window length
     "threshold": UNIT,  # threshold: a draft probability
     "lam": UNIT,  # adaedl: a lower bound on acceptance
     "h": at_least(0),  # svip: a bound on sqrt(c * entropy)
-    "classifier_threshold": at_least(0),  # classifier: a probability (token, cumulative) or a rate (cost rules)
+    "classifier_setting": at_least(0),  # classifier: a probability (token, cumulative) or a rate (cost rules)
     # decoding (decode.DecodeConfig)
     "max_window": at_least(0),  # 0: target-only decoding
     "max_new_tokens": POSITIVE,

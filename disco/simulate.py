@@ -56,8 +56,8 @@ from disco.cost import CostModel
 from disco.defaults import DEFAULT_MAX_WINDOW
 from disco.errors import DiscoError
 from disco.features import TOKEN_FEATURES
-from disco.policies import BuildContext, PolicySpec, as_spec
 from disco.policy import StoppingPolicy
+from disco.policy_registry import BuildContext, PolicySpec, as_spec
 from disco.rounds import Decisions, draft_window, end_round, leading_run, window_limit
 from disco.settings import check_setting
 from disco.stats import GenStats
@@ -193,9 +193,9 @@ def replay_policy(
     max_window: int = DEFAULT_MAX_WINDOW,
     **knobs: Any,
 ) -> PolicyFactory:
-    """A factory of the real policy `spec` (policies.POLICIES) for each prompt (the oracle gets the trace's y);
+    """A factory of the real policy `spec` (policy_registry.POLICIES) for each prompt (the oracle gets the trace's y);
     `replay_policy(name, **knobs)` is short for `replay_policy(PolicySpec(name, **knobs))`.
-    classifier: `model` is a Predictor (artifact.py), the spec's classifier_threshold its rule's setting."""
+    classifier: `model` is a Predictor (artifact.py), the spec's classifier_setting its rule's setting."""
     spec = as_spec(spec, knobs)
     if spec.name == "classifier" and model is None:
         raise DiscoError("simulating the classifier policy needs a trained model")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from disco.artifact import Calibrated, Model, save_artifact
+from disco.artifact import Calibrated, Model, save_artifact, training_manifest
 from disco.cost import CostModel
 from disco.defaults import (
     DEFAULT_ABLATE,
@@ -43,7 +43,7 @@ from disco.fitting import classification_metrics, fit_head, fit_model, permutati
 from disco.policy import DEFAULT_MAX_WINDOW
 from disco.settings import WINDOW, check_setting
 from disco.simulate import replay_policy, simulate_many
-from disco.train_data import check_split, load_trace_data, row_tasks, split_by_prompt, traces_for
+from disco.train_data import TraceData, check_split, load_trace_data, row_tasks, split_by_prompt, traces_for
 from disco.train_report import TrainReport
 from disco.tuning import ablation, choose, cross_task, per_task_table, policy_table
 
@@ -74,6 +74,85 @@ class TrainConfig:
 
 
 def train(cfg: TrainConfig) -> TrainReport:
+    """Fit, tune and report (docs/architecture.md, "Data flow"); writes the artifact to cfg.out."""
+    cost = _check(cfg)
+    data = load_trace_data(cfg.traces)
+    if not cfg.target_signals:  # a policy for an engine that cannot show it the target's probabilities
+        data.features = [i for i in data.features if FEATURES[i] not in TARGET_SIGNALS]
+    s = _split(cfg, data)
+    labels = _labels(cfg, data)
+    # Sampled traces: min(1, p/q) is the label's expectation given the drafted token, the same target with
+    # none of the accept/reject draw's noise. Metrics, calibration and tuning still use the sampled labels.
+    soft = data.rows["accept_prob"].to_numpy(np.float64) if labels == "soft" else None
+    fitted = _fit(cfg, data, s, soft)
+    models = fitted.models
+
+    val_traces = traces_for(data, s.val_mask)
+    table, tuned, learned = policy_table(val_traces, models, cost, cfg.max_window, cfg.progress)
+    best, choice = choose(learned, tuned["threshold"])
+    importance, abl, tasks, cross = _arms(cfg, data, s, fitted, soft, val_traces, cost, learned, tuned, best)
+
+    threshold = float(best.tuned.best)
+    metrics = fitted.metrics[best.model_name]
+    decoding = _decoding(cfg, data, s, labels, cost, best, tuned)
+    report = TrainReport(
+        cfg.out,
+        threshold,
+        metrics,
+        table,
+        importance,
+        cost,
+        abl,
+        s.record,
+        tasks,
+        cross,
+        choice,
+        fitted.metrics,
+        decoding,
+    )
+    manifest = training_manifest(
+        setting=threshold,
+        rule=best.rule,
+        choice=choice,
+        calibration=models[best.model_name].calibration,
+        hidden=data.hidden if best.model_name == "head" else None,
+        pair=data.pair,
+        max_window=cfg.max_window,
+        sampling=data.sampling,
+        training={
+            "rows": "oracle_drafted",
+            "labels": labels,
+            "balanced": cfg.balanced,
+            "seed": cfg.seed,
+            "val_fraction": cfg.val_fraction,
+            "target_signals": cfg.target_signals,
+            "models": list(models),
+            **s.record,
+            "traces": data.manifests,
+        },
+        metrics=metrics,
+        model_metrics=fitted.metrics,
+        cost=cost,
+        tuned_threshold=float(tuned["threshold"].best),
+        tuned_k=int(tuned["constant"].best),
+        tuned_adaedl_lambda=float(tuned["adaedl"].best),
+        tuned_svip_h=float(tuned["svip"].best),
+        tuned_rules={e.rule: float(e.tuned.best) for e in learned if e.model_name == best.model_name},
+        speedups=table,
+        importance=importance,
+        ablation=abl,
+        per_task=tasks,
+        cross_task=cross,
+    )
+    # The folder is replaced whole (no stale model file of another kind stays), or, when it cannot be
+    # written, the finished artifact goes to a temporary folder that the error names.
+    raw = fitted.raw[best.model_name]
+    write_dir(cfg.out, lambda tmp: save_artifact(tmp, raw, manifest, report.markdown()), "artifact")
+    return report
+
+
+def _check(cfg: TrainConfig) -> CostModel:
+    """Refuse what fails anyway before any work; the cost model the tuning simulates with."""
     if cfg.model not in MODEL_KINDS:
         raise DiscoError(f"unknown model {cfg.model!r}: choose one of {', '.join(MODEL_KINDS)}")
     check_setting("max_window", cfg.max_window, WINDOW)
@@ -82,140 +161,115 @@ def train(cfg: TrainConfig) -> TrainReport:
     cost = CostModel.load(cfg.profile) if cfg.profile is not None else CostModel.default(cfg.max_window)
     cost.verify(cfg.max_window + 1)  # fail now, not after training, if the profile is too short
     check_out_dir(cfg.out, "--out", True, "artifact")  # a file or a trace folder is refused before any work
-    data = load_trace_data(cfg.traces)
-    if not cfg.target_signals:  # a policy for an engine that cannot show it the target's probabilities
-        data.features = [i for i in data.features if FEATURES[i] not in TARGET_SIGNALS]
+    return cost
+
+
+@dataclass
+class _Split:
+    """The rows split by prompt, and what fitting reads of them."""
+
+    train_mask: np.ndarray  # rows of the training prompts
+    val_mask: np.ndarray  # rows of the validation prompts
+    tr: np.ndarray  # drafted rows of the training prompts (what the models fit)
+    va: np.ndarray  # drafted rows of the validation prompts (metrics, calibration)
+    X: np.ndarray  # every row's FEATURES
+    y: np.ndarray  # every row's label
+    record: dict  # prompt and row counts, the validation prompt ids (manifest "training", report)
+
+
+def _split(cfg: TrainConfig, data: TraceData) -> _Split:
     rows = data.rows
     train_mask, val_mask = split_by_prompt(rows["prompt_id"].to_numpy(), cfg.val_fraction, cfg.seed, row_tasks(rows))
     check_split(rows, train_mask, val_mask)
     drafted = rows["oracle_drafted"].to_numpy(bool)
-    X = rows[list(FEATURES)].to_numpy(np.float64)
     y = rows["label"].to_numpy(int)
     tr, va = train_mask & drafted, val_mask & drafted
     if len(np.unique(y[tr])) < 2:
         raise DiscoError("the training prompts' drafted tokens are all of one class: add prompts or change --seed")
+    record = {
+        "train_prompts": int(rows.loc[train_mask, "prompt_id"].nunique()),
+        "val_prompts": int(rows.loc[val_mask, "prompt_id"].nunique()),
+        "train_rows": int(tr.sum()),
+        "val_prompt_ids": sorted(rows.loc[val_mask, "prompt_id"].unique().tolist()),
+    }
+    return _Split(train_mask, val_mask, tr, va, rows[list(FEATURES)].to_numpy(np.float64), y, record)
+
+
+def _labels(cfg: TrainConfig, data: TraceData) -> str:
+    """What the models fit: "sampled" accept/reject labels or "soft" ones (min(1, p/q), sampled traces)."""
     labels = ("soft" if data.sampled else "sampled") if cfg.labels == "auto" else cfg.labels
     if labels == "soft" and not data.sampled:
         raise DiscoError(
             "--labels soft needs sampled traces (disco collect --temperature > 0): under greedy decoding "
             "acceptance is the label itself"
         )
-    # Sampled traces: min(1, p/q) is the label's expectation given the drafted token, the same target with
-    # none of the accept/reject draw's noise. Metrics, calibration and tuning still use the sampled labels.
-    soft = rows["accept_prob"].to_numpy(np.float64) if labels == "soft" else None
-    soft_tr = None if soft is None else soft[tr]
+    return labels
 
-    # The models: cfg.model on FEATURES, and the head on FEATURES + hidden state when the traces hold it.
+
+@dataclass
+class _Fitted:
+    raw: dict[str, Model]  # as fitted: cfg.model, and "head" when the traces hold hidden states
+    models: dict[str, Calibrated]  # each Platt-calibrated on the validation rows
+    inputs: dict[str, np.ndarray]  # each model's input rows (FEATURES, or FEATURES + hidden state)
+    metrics: dict[str, dict]  # each model's validation metrics
+
+
+def _fit(cfg: TrainConfig, data: TraceData, s: _Split, soft: np.ndarray | None) -> _Fitted:
+    """cfg.model on FEATURES, and the head on FEATURES + hidden state when the traces hold it; calibrated."""
+    X, y, tr, va = s.X, s.y, s.tr, s.va
+    soft_tr = None if soft is None else soft[tr]
     raw: dict[str, Model] = {
         cfg.model: fit_model(cfg.model, X[tr], y[tr], data.features, cfg.seed, cfg.balanced, soft_tr)
     }
     inputs: dict[str, np.ndarray] = {cfg.model: X}
     if cfg.head and data.hidden is not None:
-        H = data.hidden_matrix(np.ones(len(rows), bool))
-        raw["head"] = fit_head(
-            X[tr], H[tr], y[tr] if soft is None else soft_tr, data.features, rows["prompt_id"].to_numpy()[tr], cfg.seed
-        )
+        H = data.hidden_matrix(np.ones(len(data.rows), bool))
+        groups = data.rows["prompt_id"].to_numpy()[tr]
+        raw["head"] = fit_head(X[tr], H[tr], y[tr] if soft is None else soft_tr, data.features, groups, cfg.seed)
         inputs["head"] = np.concatenate([X, H], 1)
         del H
     models = {name: Calibrated(m, platt(m.predict_proba(inputs[name][va]), y[va])) for name, m in raw.items()}
-    model_metrics = {
-        name: classification_metrics(y[va], m.predict_proba(inputs[name][va])) for name, m in models.items()
-    }
+    metrics = {name: classification_metrics(y[va], m.predict_proba(inputs[name][va])) for name, m in models.items()}
+    return _Fitted(raw, models, inputs, metrics)
 
-    val_traces = traces_for(data, val_mask)
-    table, tuned, learned = policy_table(val_traces, models, cost, cfg.max_window, cfg.progress)
-    best, choice = choose(learned, tuned["threshold"])
-    main = models[cfg.model]
-    token = next(e for e in learned if e.model_name == cfg.model and e.rule == "token")
+
+def _arms(cfg: TrainConfig, data: TraceData, s: _Split, fitted: _Fitted, soft, val_traces, cost, learned, tuned, best):
+    """What the report adds to the table: permutation importance, the ablation (--ablate), the speedups
+    per task, and the cross-task arms (--cross-task)."""
+    X, y, tr, va = s.X, s.y, s.tr, s.va
+    main = fitted.models[cfg.model]
     importance = permutation_importance(main, X[va], y[va], cfg.seed)
-    head_eval = (models["head"], inputs["head"][va]) if "head" in models else None
+    head_eval = (fitted.models["head"], fitted.inputs["head"][va]) if "head" in fitted.models else None
+    soft_tr = None if soft is None else soft[tr]
     abl = (
         ablation(cfg.model, X[tr], y[tr], X[va], y[va], val_traces, cost, cfg, main, data.features, head_eval, soft_tr)
         if cfg.ablate
         else []
     )
-    tasks = per_task_table(data, val_mask, best, tuned, cost, cfg.max_window)
+    tasks = per_task_table(data, s.val_mask, best, tuned, cost, cfg.max_window)
+    token = next(e for e in learned if e.model_name == cfg.model and e.rule == "token")
+    settings = (main, token.tuned.best, tuned["threshold"].best)
     cross = (
-        cross_task(
-            data,
-            train_mask,
-            val_mask,
-            X,
-            y,
-            cost,
-            cfg,
-            (main, token.tuned.best, tuned["threshold"].best),
-            data.features,
-            soft,
-        )
+        cross_task(data, s.train_mask, s.val_mask, X, y, cost, cfg, settings, data.features, soft)
         if cfg.cross_task
         else []
     )
+    return importance, abl, tasks, cross
 
-    split = {
-        "train_prompts": int(rows.loc[train_mask, "prompt_id"].nunique()),
-        "val_prompts": int(rows.loc[val_mask, "prompt_id"].nunique()),
-        "train_rows": int(tr.sum()),
-        "val_prompt_ids": sorted(rows.loc[val_mask, "prompt_id"].unique().tolist()),
+
+def _decoding(cfg: TrainConfig, data: TraceData, s: _Split, labels: str, cost: CostModel, best, tuned) -> str:
+    """What the traces decoded with and the labels fitted; sampled traces: the same policies replayed with
+    the traces' sampled outcomes instead of the expected acceptance (the check of that approximation)."""
+    if not data.sampled:
+        return "greedy decoding"
+    replays = {
+        "chosen": best.factory(cost),
+        "threshold": replay_policy("threshold", threshold=tuned["threshold"].best),
     }
-    threshold = float(best.tuned.best)
-    metrics = model_metrics[best.model_name]
-    decoding = "greedy decoding"
-    if data.sampled:  # the check: the same policies replayed with the traces' sampled outcomes instead
-        replays = {
-            "chosen": best.factory(cost),
-            "threshold": replay_policy("threshold", threshold=tuned["threshold"].best),
-        }
-        check = simulate_many(traces_for(data, val_mask, expected=False), replays, cfg.max_window)
-        decoding = (
-            f"sampling at temperature {data.sampling['temperature']:g}, top-p {data.sampling['top_p']:g} "
-            f"({labels} labels; simulated with expected acceptance; with the traces' sampled outcomes instead: "
-            f"best learned policy {check['chosen'].speedup(cost):.3f}, tuned threshold "
-            f"{check['threshold'].speedup(cost):.3f})"
-        )
-    report = TrainReport(
-        cfg.out, threshold, metrics, table, importance, cost, abl, split, tasks, cross, choice, model_metrics, decoding
+    check = simulate_many(traces_for(data, s.val_mask, expected=False), replays, cfg.max_window)
+    return (
+        f"sampling at temperature {data.sampling['temperature']:g}, top-p {data.sampling['top_p']:g} "
+        f"({labels} labels; simulated with expected acceptance; with the traces' sampled outcomes instead: "
+        f"best learned policy {check['chosen'].speedup(cost):.3f}, tuned threshold "
+        f"{check['threshold'].speedup(cost):.3f})"
     )
-    calibration = models[best.model_name].calibration
-    record = {
-        "threshold": threshold,  # the parameter of `rule` (a P(accept) threshold for the token rule)
-        "rule": best.rule,
-        "choice": choice,
-        "calibration": {"a": calibration.a, "b": calibration.b},
-        **({"hidden": data.hidden} if best.model_name == "head" else {}),
-        "pair": data.pair,
-        "tokenizer_hash": data.pair.get("tokenizer_hash"),
-        "max_window": cfg.max_window,
-        "sampling": data.sampling,  # the decoding it was trained and tuned for (generate warns at another)
-        "training": {
-            "rows": "oracle_drafted",
-            "labels": labels,
-            "balanced": cfg.balanced,
-            "seed": cfg.seed,
-            "val_fraction": cfg.val_fraction,
-            "target_signals": cfg.target_signals,
-            "models": list(models),
-            **split,
-            "traces": data.manifests,
-        },
-        "validation_metrics": metrics,
-        "model_metrics": model_metrics,
-        "cost_model": cost.to_dict(),
-        "tuned": {  # what `disco compare` runs as fair baselines
-            "classifier_threshold": threshold,
-            "threshold": float(tuned["threshold"].best),
-            "k": int(tuned["constant"].best),
-            "adaedl_lambda": float(tuned["adaedl"].best),
-            "svip_h": float(tuned["svip"].best),
-            "rules": {e.rule: float(e.tuned.best) for e in learned if e.model_name == best.model_name},
-        },
-        "speedups": table,
-        "importance": importance,
-        "ablation": abl,
-        "per_task": tasks,
-        "cross_task": cross,
-    }
-    # The folder is replaced whole (no stale model file of another kind stays), or, when it cannot be
-    # written, the finished artifact goes to a temporary folder that the error names.
-    write_dir(cfg.out, lambda tmp: save_artifact(tmp, raw[best.model_name], record, report.markdown()), "artifact")
-    return report

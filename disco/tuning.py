@@ -88,7 +88,7 @@ class Learned:
     def factory(self, cost: CostModel, setting: float | None = None):
         return replay_policy(
             "classifier",
-            classifier_threshold=self.tuned.best if setting is None else setting,
+            classifier_setting=self.tuned.best if setting is None else setting,
             model=self.model,
             classifier_rule=self.rule,
             cost=cost,
@@ -110,7 +110,7 @@ def tune_learned(
             t = tune(
                 traces,
                 lambda v: replay_policy(
-                    "classifier", classifier_threshold=v, model=model, classifier_rule=rule, cost=cost
+                    "classifier", classifier_setting=v, model=model, classifier_rule=rule, cost=cost
                 ),
                 RULE_GRIDS[rule],
                 cost,
@@ -246,7 +246,7 @@ def ablation(
             X_eval = X_val
         t = tune(
             traces,
-            lambda th: replay_policy("classifier", classifier_threshold=th, model=model),
+            lambda th: replay_policy("classifier", classifier_setting=th, model=model),
             THRESHOLD_GRID,
             cost,
             cfg.max_window,
@@ -334,7 +334,7 @@ def cross_task(
             )
             t = tune(
                 tune_on,
-                lambda th: replay_policy("classifier", classifier_threshold=th, model=model),
+                lambda th: replay_policy("classifier", classifier_setting=th, model=model),
                 THRESHOLD_GRID,
                 cost,
                 cfg.max_window,
@@ -348,7 +348,7 @@ def cross_task(
             sims = simulate_many(
                 traces,
                 {
-                    "classifier": replay_policy("classifier", classifier_threshold=t, model=model),
+                    "classifier": replay_policy("classifier", classifier_setting=t, model=model),
                     "threshold": replay_policy("threshold", threshold=tau),
                 },
                 cfg.max_window,

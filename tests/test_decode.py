@@ -8,8 +8,8 @@ from tiny import DistStubLM, StubLM, tiny_pair
 
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
-from disco.policies import make_policy
 from disco.policy import ConstantPolicy, HeuristicPolicy, OraclePolicy, ThresholdPolicy
+from disco.policy_registry import make_policy
 
 V = 16
 count = lambda t, i: (t + 1) % V  # noqa: E731  the target's rule: next token = previous + 1

@@ -37,7 +37,7 @@ from disco.hf import disco_generate
 from disco.hub import check_same_tokenizer
 from disco.options import PairOptions
 from disco.pair import load_pair, load_pair_config, pair_from_models
-from disco.policies import PolicySpec, make_policy
+from disco.policy_registry import PolicySpec, make_policy
 from disco.prompts import Prompt
 from disco.train import TrainConfig, train
 from disco.tuning import RULE_GRIDS

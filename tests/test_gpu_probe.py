@@ -185,7 +185,7 @@ def test_gpu_simulate_gives_disco_simulators_numbers(probe_out, tiny_traces_and_
         table, _, _ = policy_table(prompts, {"shipped model": artifact}, cost, 20)  # what disco train reports
         rows = {(r["policy"], r["setting"]): r["speedup"] for r in result["rows"].values()}
         assert all(rows[(r["policy"], r["setting"])] == r["speedup"] for r in table)
-        shipped = simulate(prompts, replay_policy("classifier", classifier_threshold=0.5, model=artifact), 20)
+        shipped = simulate(prompts, replay_policy("classifier", classifier_setting=0.5, model=artifact), 20)
         assert result["rows"][speedups.SHIPPED]["speedup"] == shipped.speedup(cost)
         k = int(result["rows"]["constant, k tuned"]["tuned_value"])
         assert result["rows"]["constant, k tuned"]["speedup"] == simulate(

@@ -11,7 +11,7 @@ from disco.decode import DecodeConfig, generate, speculative_generate, target_ge
 from disco.errors import DiscoError
 from disco.hf import disco_generate
 from disco.pair import pair_from_models
-from disco.policies import PolicySpec
+from disco.policy_registry import PolicySpec
 from disco.prompts import Prompt
 from disco.train import TrainConfig, train
 

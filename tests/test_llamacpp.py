@@ -21,7 +21,7 @@ from disco.engines.registry import resolve_engine
 from disco.errors import DiscoError
 from disco.options import PairOptions
 from disco.pair import load_pair
-from disco.policies import PolicySpec
+from disco.policy_registry import PolicySpec
 from disco.prompts import Prompt
 
 PROMPTS = [

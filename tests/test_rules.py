@@ -21,8 +21,8 @@ from disco.cost import CostModel
 from disco.decode import DecodeConfig, speculative_generate
 from disco.errors import DiscoError
 from disco.features import FEATURES, TOKEN_FEATURES
-from disco.policies import make_policy
 from disco.policy import AdaEDLPolicy, DraftStep, SVIPPolicy
+from disco.policy_registry import make_policy
 from disco.simulate import prompt_traces, replay_policy, simulate
 
 
@@ -154,7 +154,7 @@ def test_classifier_rules_simulate_exactly_and_losslessly(rule, setting, cost):
         df = collected_trace(target, draft, prompt, max_new, table, f"p{i}", max_window=6)
         sim = simulate(
             prompt_traces(df, max_new),
-            replay_policy("classifier", classifier_threshold=setting, model=model, classifier_rule=rule, cost=cost),
+            replay_policy("classifier", classifier_setting=setting, model=model, classifier_rule=rule, cost=cost),
             6,
         )
         live = ClassifierPolicy(model, setting, table, rule, cost)
@@ -190,7 +190,7 @@ def test_target_signals_reach_the_classifier_as_the_loop_sees_them():
     table = torch.zeros(V, dtype=torch.long)
     model = ProbModel(lambda f: 0.95 if f["last_rejected"] == 0 and f["last_target_entropy"] < 1.0 else 0.3)
     df = collected_trace(target, draft, [1, 2], 40, table, "p", max_window=6)
-    sim = simulate(prompt_traces(df, 40), replay_policy("classifier", classifier_threshold=0.5, model=model), 6)
+    sim = simulate(prompt_traces(df, 40), replay_policy("classifier", classifier_setting=0.5, model=model), 6)
     real = speculative_generate(target, draft, [1, 2], ClassifierPolicy(model, 0.5, table), DecodeConfig(40, 6))
     assert counts(sim.stats[0]) == counts(real.stats)
     seen = {(r["last_rejected"], round(r["last_target_p"], 5)) for r in model.seen}

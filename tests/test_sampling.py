@@ -23,7 +23,7 @@ from disco.decode import DecodeConfig, speculative_generate, target_generate, wa
 from disco.errors import DiscoError
 from disco.features import token_class_table
 from disco.pair import Pair
-from disco.policies import make_policy
+from disco.policy_registry import make_policy
 from disco.simulate import prompt_traces, replay_policy, simulate
 from disco.trace import read_trace_rows
 

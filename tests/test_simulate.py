@@ -19,7 +19,7 @@ from disco.decode import DecodeConfig, GenStats, speculative_generate
 from disco.errors import DiscoError
 from disco.features import FEATURES, TOKEN_CLASSES, TOKEN_FEATURES, WINDOW_FEATURES, WindowState
 from disco.pair import Pair
-from disco.policies import make_policy
+from disco.policy_registry import make_policy
 from disco.simulate import prompt_traces, replay_policy, simulate, simulate_many
 from disco.trace import COLUMNS, HIDDEN_COLUMN, signals_at
 
@@ -208,7 +208,7 @@ def test_eos_ends_the_trace_when_the_budget_is_larger():
 
 def test_classifier_replay_recomputes_window_features():
     model = ProbModel(lambda f: 0.1 if f["p_chosen"] < 0.4 else 0.9)
-    s = run(replay_policy("classifier", classifier_threshold=0.5, model=model))
+    s = run(replay_policy("classifier", classifier_setting=0.5, model=model))
     assert counts(s.stats[0]) == counts(run(replay_policy("threshold", threshold=0.4)).stats[0])
     seen = [(f["gen_pos"], f["window_pos"], round(f["window_prob_prod"], 4), f["prev_accepted"]) for f in model.seen]
     assert seen == [
@@ -228,7 +228,7 @@ def test_many_policies_in_one_pass_equal_one_at_a_time():
     df = random_traces(6, 40, seed=3)
     traces = prompt_traces(df)
     model = ProbModel(lambda f: f["p_chosen"] * (1.2 if f["copy_1"] else 0.8) / f["window_pos"] ** 0.1)
-    factories = {("clf", t): replay_policy("classifier", classifier_threshold=t, model=model) for t in (0.3, 0.5, 0.7)}
+    factories = {("clf", t): replay_policy("classifier", classifier_setting=t, model=model) for t in (0.3, 0.5, 0.7)}
     factories["oracle"] = replay_policy("oracle")
     together = simulate_many(traces, factories, 8)
     for key, factory in factories.items():
@@ -384,7 +384,7 @@ def test_live_classifier_policy_decides_as_the_replay(tiny_traces):
     model = ProbModel(lambda f: f["p_chosen"] * (0.97 ** f["window_pos"]) * (1.1 if f["prev_accepted"] > 1 else 1))
     live = ClassifierPolicy(model, 0.45, table)
     exact, approximated, err = _compare_real(
-        tiny_traces, lambda y: live.fresh(), replay_policy("classifier", classifier_threshold=0.45, model=model)
+        tiny_traces, lambda y: live.fresh(), replay_policy("classifier", classifier_setting=0.45, model=model)
     )
     assert exact > 0 and err < 0.1
 

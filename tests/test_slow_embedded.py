@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from disco.decode import DecodeConfig, generate, target_generate
-from disco.policies import PolicySpec
+from disco.policy_registry import PolicySpec
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_embedded_pair_on_llamacpp_is_exact_on_a_long_prompt():
         # the shipped llama.cpp policy (cost rule: may not draft at all) and its per-token rule, which drafts
         "classifier": PolicySpec("classifier", classifier=str(LLAMACPP_CLASSIFIER)),
         "classifier token rule": PolicySpec(
-            "classifier", classifier=str(LLAMACPP_CLASSIFIER), classifier_rule="token", classifier_threshold=0.99
+            "classifier", classifier=str(LLAMACPP_CLASSIFIER), classifier_rule="token", classifier_setting=0.99
         ),
     }
     differ = {}

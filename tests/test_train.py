@@ -100,10 +100,10 @@ def test_threshold_is_the_argmax_of_simulated_speedup(data):
     model = fit_model("logistic", X[tr], y[tr])
     cost = CostModel.default(20)
     tuned = tune(
-        val_traces, lambda t: replay_policy("classifier", classifier_threshold=t, model=model), THRESHOLD_GRID, cost, 20
+        val_traces, lambda t: replay_policy("classifier", classifier_setting=t, model=model), THRESHOLD_GRID, cost, 20
     )
     alone = {
-        t: simulate(val_traces, replay_policy("classifier", classifier_threshold=t, model=model), 20).speedup(cost)
+        t: simulate(val_traces, replay_policy("classifier", classifier_setting=t, model=model), 20).speedup(cost)
         for t in THRESHOLD_GRID
     }
     assert tuned.speedups == pytest.approx(alone)
@@ -136,8 +136,8 @@ def test_artifact_round_trip_predicts_identically(data, tmp_path, kind):
     live = [float(predict(torch.tensor(row, dtype=torch.float32))) for row in X[va][:20]]
     assert np.allclose(live, art.predict_proba(X[va][:20].astype(np.float32)), atol=1e-5)
     # the classifier policy simulates the same with the artifact as with the in-memory model
-    a = simulate(val_traces, replay_policy("classifier", classifier_threshold=0.6, model=model), 20)
-    b = simulate(val_traces, replay_policy("classifier", classifier_threshold=0.6, model=art), 20)
+    a = simulate(val_traces, replay_policy("classifier", classifier_setting=0.6, model=model), 20)
+    b = simulate(val_traces, replay_policy("classifier", classifier_setting=0.6, model=art), 20)
     assert [counts(s) for s in a.stats] == [counts(s) for s in b.stats]
 
 
@@ -425,7 +425,7 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
             sim = simulate(
                 prompt_traces(df[df["prompt_id"] == prompt.id], 24),
                 replay_policy(
-                    "classifier", classifier_threshold=setting, model=art, classifier_rule=rule, cost=policy.cost
+                    "classifier", classifier_setting=setting, model=art, classifier_rule=rule, cost=policy.cost
                 ),
                 6,
             )

@@ -27,7 +27,7 @@ from disco.engines.vllm import SpecConfig
 from disco.errors import DiscoError
 from disco.options import PairOptions
 from disco.pair import load_pair
-from disco.policies import PolicySpec
+from disco.policy_registry import PolicySpec
 from disco.prompts import Prompt
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

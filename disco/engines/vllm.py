@@ -210,7 +210,7 @@ class ServingRow:
 
     label: str
     spec: SpecConfig
-    policy: Any = None  # a policies.PolicySpec for disco's proposer (custom_class), else None
+    policy: Any = None  # a policy_registry.PolicySpec for disco's proposer (custom_class), else None
     forwards_known: bool = False  # vLLM's own rows: windows unknown
 
     def generate(

@@ -64,7 +64,7 @@ from disco.gpu_probe.shapes import (
     sync,
 )
 from disco.pair import pair_from_models
-from disco.policies import make_policy
+from disco.policy_registry import make_policy
 from disco.profile import profile_pair
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: configs/shapes, models/

@@ -68,7 +68,7 @@ def shipped_factory(artifact):
         return replay_policy("threshold", threshold=float(artifact.choice["setting"]))
     return replay_policy(
         "classifier",
-        classifier_threshold=artifact.threshold,
+        classifier_setting=artifact.threshold,
         model=artifact,
         classifier_rule=artifact.rule,
         cost=artifact.cost_model(),

@@ -53,8 +53,9 @@ class PolicySpec:
     lam_adaptive: bool = True  # adaedl: the paper's update of lambda after each round
     h: float = SVIP_H  # svip: stop when sqrt(c * entropy) exceeds this
     classifier: str | None = None  # classifier: path of the trained artifact
-    # classifier: override the tuned setting of its rule (a probability for token/cumulative, a rate for the cost rules)
-    classifier_threshold: float | None = None
+    # classifier: override the tuned setting of its rule (a probability for token/cumulative, a rate for the cost
+    # rules; the CLI's --classifier-threshold, the manifest's "threshold")
+    classifier_setting: float | None = None
     classifier_rule: str | None = None  # classifier: run this rule (classifier.RULES) instead of the chosen one
     trust_pickle: bool = False  # classifier: allow a joblib (pickle) artifact, which can run code
 
@@ -113,14 +114,14 @@ def _oracle(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
 
 def _classifier(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
     if ctx.model is not None:  # the simulator: a model in memory, its rule and setting given
-        threshold = DEFAULT_THRESHOLD if spec.classifier_threshold is None else spec.classifier_threshold
+        threshold = DEFAULT_THRESHOLD if spec.classifier_setting is None else spec.classifier_setting
         return ClassifierPolicy(ctx.model, threshold, rule=spec.classifier_rule or DEFAULT_RULE, cost=ctx.cost)
     if spec.classifier is None:
         raise DiscoError("the classifier policy needs a trained artifact: pass --classifier models/NAME")
     if ctx.pair is None:
         raise DiscoError("the classifier policy needs the pair it runs on")
     return ClassifierPolicy.for_pair(
-        spec.classifier, ctx.pair, spec.classifier_threshold, spec.trust_pickle, spec.classifier_rule, ctx.sampling
+        spec.classifier, ctx.pair, spec.classifier_setting, spec.trust_pickle, spec.classifier_rule, ctx.sampling
     )
 
 
@@ -137,7 +138,7 @@ POLICIES: dict[str, PolicyKind] = {
     ),
     "svip": PolicyKind(lambda spec, ctx: SVIPPolicy(spec.h), settings=("h",)),
     "oracle": PolicyKind(_oracle, needs_target_tokens=True, greedy_only=True),
-    "classifier": PolicyKind(_classifier, needs_pair=True, settings=("classifier_threshold",)),
+    "classifier": PolicyKind(_classifier, needs_pair=True, settings=("classifier_setting",)),
 }
 assert tuple(POLICIES) == POLICY_NAMES, "defaults.POLICY_NAMES lists the registry's keys, for --help"
 
