@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -118,7 +119,7 @@ def install_wheel(python: str = sys.executable, quiet: bool = False) -> Path:
         }
         (staging / WHEEL_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         if folder.exists():  # another build finished meanwhile: keep it
-            subprocess.run(["rm", "-rf", str(staging)], check=False)
+            shutil.rmtree(staging, ignore_errors=True)
         else:
             staging.rename(folder)
         wheels = sorted(folder.glob("llama_cpp_python-*.whl"))

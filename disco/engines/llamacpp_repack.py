@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,8 +56,6 @@ def probe(gguf: Path, build: str, command: Sequence[str], progress: bool = True)
     if path.is_file():
         return json.loads(path.read_text())
     if progress:
-        import sys
-
         print(f"disco: checking once that llama.cpp's weight repacking works here for {gguf.name}", file=sys.stderr)
     t0 = time.perf_counter()
     try:
