@@ -17,22 +17,12 @@ artifact's manifest is built by artifact.training_manifest. `train()` runs them 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from disco.artifact import Calibrated, Model, save_artifact, training_manifest
 from disco.cost import CostModel
 from disco.defaults import (
-    DEFAULT_ABLATE,
-    DEFAULT_BALANCED,
-    DEFAULT_CROSS_TASK,
-    DEFAULT_HEAD,
-    DEFAULT_LABELS,
-    DEFAULT_MODEL,
-    DEFAULT_TARGET_SIGNALS,
-    DEFAULT_TRAIN_SEED,
-    DEFAULT_VAL_FRACTION,
     LABELS,
     MODEL_KINDS,
 )
@@ -40,35 +30,19 @@ from disco.errors import DiscoError
 from disco.features import FEATURES, TARGET_SIGNALS
 from disco.files import check_out_dir, write_dir
 from disco.fitting import classification_metrics, fit_head, fit_model, permutation_importance, platt
-from disco.policy import DEFAULT_MAX_WINDOW
 from disco.settings import WINDOW, check_setting
 from disco.simulate import replay_policy, simulate_many
-from disco.train_data import TraceData, check_split, load_trace_data, row_tasks, split_by_prompt, traces_for
+from disco.train_data import (
+    TraceData,
+    TrainConfig,
+    check_split,
+    load_trace_data,
+    row_tasks,
+    split_by_prompt,
+    traces_for,
+)
 from disco.train_report import TrainReport
 from disco.tuning import ablation, choose, cross_task, per_task_table, policy_table
-
-
-@dataclass
-class TrainConfig:
-    traces: list[Path]  # trace folders written by `disco collect` (or Parquet files)
-    out: Path  # the artifact folder, e.g. models/NAME
-    model: str = DEFAULT_MODEL  # lightgbm, logistic or mlp
-    profile: Path | None = None  # cost model JSON from `disco profile`; None: CostModel.default()
-    max_window: int = DEFAULT_MAX_WINDOW  # max window of the simulated policies (as at decoding time)
-    val_fraction: float = DEFAULT_VAL_FRACTION  # share of prompts held out for metrics and tuning
-    seed: int = DEFAULT_TRAIN_SEED  # split and model seed
-    balanced: bool = DEFAULT_BALANCED  # reweight classes to equal total weight (see the module docstring)
-    ablate: bool = DEFAULT_ABLATE  # also train on feature subsets and report their tuned speedups
-    cross_task: bool = DEFAULT_CROSS_TASK  # also train on each task alone and test on every task
-    head: bool = DEFAULT_HEAD  # also fit an acceptance head on the draft's hidden state (traces that hold it)
-    progress: bool = True  # progress bars on stderr
-    target_signals: bool = (
-        DEFAULT_TARGET_SIGNALS  # fit on the last_* features (False: for vLLM, which cannot give them)
-    )
-    labels: str = (
-        DEFAULT_LABELS  # fit on: "sampled" accept/reject, "soft" min(1, p/q) (sampled traces); auto: soft when sampled
-    )
-
 
 # --- the whole command -------------------------------------------------------------------------
 

@@ -20,10 +20,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from disco.defaults import (
+    DEFAULT_ABLATE,
+    DEFAULT_BALANCED,
+    DEFAULT_CROSS_TASK,
+    DEFAULT_HEAD,
+    DEFAULT_LABELS,
+    DEFAULT_MODEL,
+    DEFAULT_TARGET_SIGNALS,
+    DEFAULT_TRAIN_SEED,
+    DEFAULT_VAL_FRACTION,
+)
 from disco.engines.base import numeric_identity
 from disco.errors import DiscoError
 from disco.features import FEATURES, TARGET_SIGNALS
 from disco.mtbench import load_split, split_of_prompt
+from disco.policy import DEFAULT_MAX_WINDOW
 from disco.settings import check_setting
 from disco.simulate import (
     SIGNAL_COLUMNS,
@@ -36,6 +48,29 @@ from disco.trace import HIDDEN_COLUMN, read_traces
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+# what `disco train` is asked to do (the CLI builds it; train.train and tuning read it)
+@dataclass
+class TrainConfig:
+    traces: list[Path]  # trace folders written by `disco collect` (or Parquet files)
+    out: Path  # the artifact folder, e.g. models/NAME
+    model: str = DEFAULT_MODEL  # lightgbm, logistic or mlp
+    profile: Path | None = None  # cost model JSON from `disco profile`; None: CostModel.default()
+    max_window: int = DEFAULT_MAX_WINDOW  # max window of the simulated policies (as at decoding time)
+    val_fraction: float = DEFAULT_VAL_FRACTION  # share of prompts held out for metrics and tuning
+    seed: int = DEFAULT_TRAIN_SEED  # split and model seed
+    balanced: bool = DEFAULT_BALANCED  # reweight classes to equal total weight (see the module docstring)
+    ablate: bool = DEFAULT_ABLATE  # also train on feature subsets and report their tuned speedups
+    cross_task: bool = DEFAULT_CROSS_TASK  # also train on each task alone and test on every task
+    head: bool = DEFAULT_HEAD  # also fit an acceptance head on the draft's hidden state (traces that hold it)
+    progress: bool = True  # progress bars on stderr
+    target_signals: bool = (
+        DEFAULT_TARGET_SIGNALS  # fit on the last_* features (False: for vLLM, which cannot give them)
+    )
+    labels: str = (
+        DEFAULT_LABELS  # fit on: "sampled" accept/reject, "soft" min(1, p/q) (sampled traces); auto: soft when sampled
+    )
 
 
 TRAIN_COLUMNS = (

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,11 +23,7 @@ from disco.simulate import (
     replay_policy,
     simulate_many,
 )
-from disco.train_data import TraceData, task_masks, traces_for
-
-if TYPE_CHECKING:
-    from disco.train import TrainConfig
-
+from disco.train_data import TraceData, TrainConfig, task_masks, traces_for
 
 # Candidate thresholds, for the classifier's P(accept) and for the draft probability tau alike:
 # steps of 0.05, finer at both ends (with most tokens accepted, a classifier's best threshold on
