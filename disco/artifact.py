@@ -150,7 +150,8 @@ class DenseModel:
         return 1.0 / (1.0 + np.exp(-z[:, 0]))
 
     def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        """(F,) float tensor on `device` -> 0-dim P(accept), computed on the device in float32."""
+        """(F,) or (B, F) float tensor on `device` -> 0-dim or (B,) P(accept), computed on the device in float32
+        (one row for disco's loop, a batch for vLLM's proposer)."""
         t = lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)  # noqa: E731
         cols, mean, scale = torch.as_tensor(self.columns, device=device), t(self.mean), t(self.scale)
         layers = [(t(W), t(b)) for W, b in self.layers]
@@ -159,13 +160,13 @@ class DenseModel:
 
         def predict(x: torch.Tensor) -> torch.Tensor:
             x = x.float()
-            z = torch.cat([x[cols], x[n_feat:]]) if self.hidden_dim else x[cols]
+            z = torch.cat([x[..., cols], x[..., n_feat:]], -1) if self.hidden_dim else x[..., cols]
             z = (z - mean) / scale
             for i, (W, b) in enumerate(layers):
                 z = z @ W + b
                 if i < len(layers) - 1:
                     z = self._hidden(z)
-            return torch.sigmoid(z[0])
+            return torch.sigmoid(z[..., 0])
 
         return predict
 
@@ -224,8 +225,9 @@ class LightGBMModel:
         return self.booster.predict(_as_2d(X)[:, self.columns], num_threads=1)
 
     def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        """LightGBM has no device path: copy the (F,) features to the host and predict there."""
-        return lambda x: torch.tensor(self.predict_proba(x.detach().double().cpu().numpy())[0])
+        """LightGBM has no device path: copy the (F,) or (B, F) features to the host and predict there, in one
+        call for a batch (a 0-dim or (B,) result)."""
+        return lambda x: _host_predict(self, x)
 
     def to_text(self) -> str:
         return self.booster.model_to_string()
@@ -251,7 +253,13 @@ class JoblibModel:
         return self.estimator.predict_proba(_as_2d(X)[:, self.columns])[:, 1]
 
     def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        return lambda x: torch.tensor(self.predict_proba(x.detach().double().cpu().numpy())[0])
+        return lambda x: _host_predict(self, x)
+
+
+def _host_predict(model: LightGBMModel | JoblibModel, x: torch.Tensor) -> torch.Tensor:
+    """A host model's P(accept) of (F,) or (B, F) features on any device: 0-dim or (B,), on x's device."""
+    p = model.predict_proba(x.detach().double().cpu().reshape(-1, x.shape[-1]).numpy())
+    return torch.as_tensor(p, device=x.device).reshape(x.shape[:-1])
 
 
 Model = DenseModel | LightGBMModel | JoblibModel
@@ -376,8 +384,8 @@ class Artifact:
         return Calibrated(self.model, self.calibration).predict_proba(X)
 
     def torch_predictor(self, device: torch.device | str) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A callable on a (F [+ H],) feature tensor returning a 0-dim calibrated P(accept): on `device`
-        for logistic/MLP/head, via the host for LightGBM."""
+        """A callable on a (F [+ H],) or (B, F [+ H]) feature tensor returning the calibrated P(accept), 0-dim
+        or (B,): on `device` for logistic/MLP/head, via the host for LightGBM."""
         return Calibrated(self.model, self.calibration).torch_predictor(torch.device(device))
 
 

@@ -115,18 +115,11 @@ class ClassifierPolicy(PolicyBase):
             artifact = load_artifact(Path(artifact), expect_pair=pair, trust_pickle=trust_pickle)
         if sampling is not None:
             artifact.check_sampling(*sampling)
-        if artifact.choice["policy"] == "threshold" and setting is None and rule is None:
+        rule, setting = chosen_rule(artifact, setting, rule)
+        if rule == "threshold":
             from disco.policy import ThresholdPolicy
 
-            return ThresholdPolicy(float(artifact.choice["setting"]))
-        rule = rule or artifact.rule
-        if setting is None:
-            setting = artifact.threshold if rule == artifact.rule else artifact.rule_settings.get(rule)
-            if setting is None:
-                raise DiscoError(
-                    f"{artifact.path} has no tuned setting for the {rule} rule: give one "
-                    "(--classifier-threshold) or retrain it with this disco"
-                )
+            return ThresholdPolicy(setting)
         return cls(artifact, setting, pair.token_classes(), rule, artifact.cost_model(), artifact.projection())
 
     def fresh(self) -> ClassifierPolicy:
@@ -212,3 +205,20 @@ class ClassifierPolicy(PolicyBase):
         if n_drafted > 0:  # judged tokens: the accepted ones and the first rejected one
             judged = n_accepted + (n_accepted < n_drafted)
             self._forecast = FORECAST_KEEP * self._forecast + (1 - FORECAST_KEEP) * n_accepted / judged
+
+
+def chosen_rule(artifact, setting: float | None = None, rule: str | None = None) -> tuple[str, float]:
+    """The (rule, setting) an artifact runs under: its tuned rule and setting, ("threshold", tau) when `disco
+    train` found the tuned threshold faster, or the `rule` / `setting` asked for (another rule at its tuned
+    setting, another setting)."""
+    if artifact.choice["policy"] == "threshold" and setting is None and rule is None:
+        return "threshold", float(artifact.choice["setting"])
+    rule = rule or artifact.rule
+    if setting is None:
+        setting = artifact.threshold if rule == artifact.rule else artifact.rule_settings.get(rule)
+        if setting is None:
+            raise DiscoError(
+                f"{artifact.path} has no tuned setting for the {rule} rule: give one "
+                "(--classifier-threshold) or retrain it with this disco"
+            )
+    return rule, float(setting)

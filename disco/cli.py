@@ -208,7 +208,10 @@ _PAIR_OPTIONS: dict[str, tuple[Any, Any]] = {
             show_default=False,
         ),
     ),
-    "threads": (Optional[int], typer.Option(None, help="llama.cpp engine: CPU threads (default: all cores).")),
+    "threads": (
+        Optional[int],
+        typer.Option(None, help="llama.cpp engine: CPU threads (default: every core this process may use)."),
+    ),
     "verify": (
         str,
         typer.Option(
@@ -517,11 +520,11 @@ def compare(
     )
     entries = select_entries(entries, policies)
     if pair.serving:  # vLLM decodes by itself: its rows run groups of prompts submitted together
-        from disco.cost import CostModel
+        from disco.cpu import read_load_profile
         from disco.serving import run_serving_compare
 
         levels, lengths = _int_list(concurrency, "--concurrency"), _int_list(fixed_k, "--fixed-k")
-        load = CostModel.load(load_profile) if load_profile is not None else None
+        load = read_load_profile(load_profile) if load_profile is not None else None
         settings = {"fixed_k": [(k, "") for k in lengths]}
         served = run_serving_compare(pair, items, entries, config, out, levels, chat, settings=settings, load=load)
         for c, result in served["concurrency"].items():

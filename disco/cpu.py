@@ -25,16 +25,25 @@ function registered with transformers' AttentionInterface (its public extension 
 
 Memory: `onednn` and `int8` replace each weight by a repacked copy one layer at a time and
 drop the original, so at most one extra layer is held while converting.
+
+Also here, what else hangs on this CPU: how many threads an engine may start (`usable_cores`,
+`draft_threads`) and which machine measured costs belong to (`this_machine`, `read_load_profile`).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from disco.cost import CostModel
 from disco.defaults import CPU_BACKENDS, DEFAULT_CPU_BACKEND
+from disco.engines.llamacpp_cpu import cpu_name
 from disco.errors import DiscoError
 
 FLOAT32_EXACT = ("eager", "transposed", "onednn")  # same math as eager up to float rounding
@@ -252,3 +261,86 @@ def linear_weight_bytes(model: nn.Module) -> int:
         if isinstance(bias, torch.Tensor):
             total += bias.numel() * bias.element_size()
     return total
+
+
+# --- threads and the machine --------------------------------------------------------------------
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, not the machine's count (vLLM's CPU worker under
+    `vllm serve` is bound to one core of two; a container may be given fewer than the host has)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # pragma: no cover -- no affinity outside Linux
+
+
+def draft_threads(threads: int | None) -> int:
+    """The threads of a draft engine running beside another engine in this process (vLLM's proposer): all
+    usable cores by default, and never more. More threads than cores spin against the other engine's: in
+    vLLM's one-core worker a two-thread llama.cpp draft made a 128-token request take 220 s, not 34 s
+    (../shared/vllm-cpu.md, "`vllm serve` on a 2-core machine"). An explicit count above them is lowered,
+    with one line on stderr."""
+    cores = usable_cores()
+    if threads is None:
+        return cores
+    if threads > cores:
+        print(
+            f"disco: the draft gets {cores} thread{'s' if cores > 1 else ''}, not the {threads} asked: this process "
+            f"may run on {cores} core{'s' if cores > 1 else ''} (its CPU affinity)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return cores
+    return threads
+
+
+# What names a machine in a record of costs measured on it. The usable cores are recorded but not compared:
+# under `vllm serve` the proposer runs in a worker bound to fewer cores than `disco profile` had, on the
+# same machine.
+MACHINE_KEYS = ("cpu", "cores", "memory_gib")
+
+
+def this_machine() -> dict:
+    """What identifies this machine in a measurement (a load profile): the CPU's model name, its logical
+    cores, the cores this process may use, and the memory in whole GiB."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "memory_gib": round(memory / 2**30),
+    }
+
+
+def machine_text(machine: dict) -> str:
+    """A machine of this_machine() in a few words: "CPU, 2 cores (1 usable), 8 GiB"."""
+    return (
+        f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores ({machine.get('usable_cores', '?')} usable), "
+        f"{machine.get('memory_gib', '?')} GiB"
+    )
+
+
+def profile_machine_warning(profile: dict, source: str) -> str | None:
+    """Why a load profile's costs may not hold on this machine (its MACHINE_KEYS differ, or the profile
+    predates the record), or None when it was measured here."""
+    fix = "re-run `disco profile --engine vllm` here"
+    recorded = profile.get("machine")
+    if not isinstance(recorded, dict):
+        return f"the load profile {source} does not say which machine it was measured on: if not this one, {fix}"
+    here = this_machine()
+    if all(recorded.get(k) == here.get(k) for k in MACHINE_KEYS):
+        return None
+    return (
+        f"the load profile {source} was measured on {machine_text(recorded)}; this machine is "
+        f"{machine_text(here)}: its costs may not hold here — {fix}"
+    )
+
+
+def read_load_profile(path: str | Path) -> CostModel:
+    """A load profile (`disco profile --engine vllm`) for the cost rules, with one line on stderr when it was
+    measured on another machine, or does not say where: its step costs are that machine's."""
+    cost = CostModel.load(path)
+    said = profile_machine_warning(json.loads(Path(path).read_text()), str(path))
+    if said:
+        print(f"disco: {said}", file=sys.stderr, flush=True)
+    return cost

@@ -68,6 +68,7 @@ class EmbeddedModel:
     version: str  # pinned version of every part wheel
     size: int  # bytes of the assembled GGUF
     sha256: str  # hex sha256 of the assembled GGUF (the integrity check)
+    ends_sha256: str  # ends_sha256() of the assembled GGUF: recognises the file wherever it is named from
 
     @property
     def gguf_name(self) -> str:
@@ -93,6 +94,7 @@ EMBEDDED_TARGET = EmbeddedModel(
     version="0.2.0",
     size=1_117_320_768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ends_sha256="4372a4731dd840e7af7ded48dba7b0115205f3b9a380709e0a75808244affd40",
 )
 EMBEDDED_DRAFT = EmbeddedModel(
     role="draft",
@@ -102,6 +104,7 @@ EMBEDDED_DRAFT = EmbeddedModel(
     version="0.9.0",
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ends_sha256="c15579455349a4306338a592fc79b7218ac809c8b6c4a065f9d11250b519a20b",
 )
 EMBEDDED_MODELS: tuple[EmbeddedModel, ...] = (EMBEDDED_TARGET, EMBEDDED_DRAFT)
 
@@ -499,4 +502,52 @@ def prepare_gguf_pair(install: bool = True, progress: bool = True) -> tuple[Path
 
 def pair_names() -> tuple[str, str]:
     """The names the embedded pair goes by in manifests, traces and artifacts: "embedded:MODEL"."""
-    return f"{EMBEDDED_NAME}:{EMBEDDED_TARGET.name}", f"{EMBEDDED_NAME}:{EMBEDDED_DRAFT.name}"
+    return _name(EMBEDDED_TARGET), _name(EMBEDDED_DRAFT)
+
+
+def _name(model: EmbeddedModel) -> str:
+    return f"{EMBEDDED_NAME}:{model.name}"
+
+
+# --- recognising the embedded models' files by their content -----------------------------------
+
+
+_ENDS = 1 << 20  # ends_sha256 reads a file's first and last MiB: GGUF header, tensor table, last weights
+
+
+def ends_sha256(path: Path) -> str:
+    """The sha256 of a file's first and last MiB (of the whole file, read once, when under 2 MiB): names a
+    GGUF by its content in milliseconds, where hashing all of the embedded target takes seconds."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(_ENDS))
+        f.seek(max(size - _ENDS, _ENDS))
+        digest.update(f.read())
+    return digest.hexdigest()
+
+
+def model_of(source: str | Path) -> EmbeddedModel | None:
+    """The embedded model whose file or folder `source` names, by content, or None: a GGUF of the pinned
+    size and ends_sha256 (the cache's, or a copy anywhere), or a converted folder whose marker says which
+    pinned GGUF it was made from. A model id or a path to anything else is not one."""
+    path = Path(source).expanduser()
+    try:
+        if path.is_dir():
+            marker = json.loads((path / MARKER).read_text())
+            found = [
+                m for m in EMBEDDED_MODELS if marker.get("gguf_sha256") == m.sha256 and marker.get("role") == m.role
+            ]
+            return found[0] if found else None  # (the tokenizer-only folder's marker names no role)
+        size = path.stat().st_size
+        candidates = [m for m in EMBEDDED_MODELS if m.size == size]
+        return next((m for m in candidates if ends_sha256(path) == m.ends_sha256), None)
+    except (OSError, ValueError, AttributeError):  # no such file, no marker, not a JSON object
+        return None
+
+
+def pair_name(source: str) -> str:
+    """The name a pair records for a model given as `source`: "embedded:MODEL" when its files are the
+    embedded model's (model_of), so artifacts trained on the embedded pair apply; else `source` itself."""
+    model = model_of(source)
+    return _name(model) if model is not None else source

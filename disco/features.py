@@ -85,18 +85,35 @@ def token_class_table(tokenizer, vocab_size: int) -> torch.Tensor:
 def copy_flags(context: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """(NGRAM_MAX,) float: flag n is 1 when (last n-1 context tokens, token) occurs earlier in `context`.
 
-    The copy signal behind prompt-lookup decoding: code and summaries often repeat text."""
-    flags = torch.zeros(NGRAM_MAX, dtype=torch.float32, device=context.device)
-    L = context.numel()
-    for n in range(1, NGRAM_MAX + 1):
-        if L < n:  # need n-1 tokens of history plus room for an earlier occurrence
-            break
-        # candidate starts i: context[i : i+n-1] == last n-1 tokens and context[i+n-1] == token
-        hits = context[n - 1 :] == token
-        for j in range(1, n):
-            hits = hits & (context[n - 1 - j : L - j] == context[L - j])
-        flags[n - 1] = hits.any().float()
-    return flags
+    The copy signal behind prompt-lookup decoding: code and summaries often repeat text.
+    One row of batch_copy_flags (the one definition)."""
+    lengths = torch.full((1,), context.numel(), dtype=torch.long, device=context.device)
+    return batch_copy_flags(context.reshape(1, -1), lengths, torch.as_tensor(token, device=context.device).view(1))[0]
+
+
+def batch_copy_flags(context: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(B, NGRAM_MAX) float32: row b is copy_flags(context[b, :lengths[b]], tokens[b]).
+
+    context: (B, L) int64, each row's tokens left-aligned, padded on the right (any value: positions
+    at or past a row's length are masked out); lengths: (B,) valid lengths (<= L); tokens: (B,) the
+    drafted tokens. Flag n of row b is 1 when some i in [n-1, lengths[b]) has context[b, i] == tokens[b]
+    and context[b, i-j] == context[b, lengths[b]-j] for j = 1..n-1 (the last n-1 tokens recur just
+    before i); a row shorter than n has no such i, so its flag n stays 0."""
+    B, L = context.shape
+    device = context.device
+    if L == 0:
+        return torch.zeros(B, NGRAM_MAX, dtype=torch.float32, device=device)
+    lengths = lengths.to(device=device, dtype=torch.long)
+    # hits[b, i]: context[b, i] is the drafted token, inside the row
+    hits = (context == tokens.to(device).view(B, 1)) & (torch.arange(L, device=device) < lengths[:, None])
+    # last[:, j-1] = context[b, lengths[b]-j] (clamped where a row is that short: it has no candidate i then)
+    last = context.gather(1, (lengths[:, None] - torch.arange(1, NGRAM_MAX, device=device)).clamp(0, L - 1))
+    found = [hits.any(1)]
+    for n in range(2, NGRAM_MAX + 1):
+        # from here on hits[b, k] is about the end i = k + n - 1, now also preceded by the last n-1 tokens
+        hits = hits[:, 1:] & (context[:, : max(0, L - n + 1)] == last[:, n - 2 : n - 1])
+        found.append(hits.any(1))
+    return torch.stack(found, 1).float()
 
 
 _TOPK_CHUNK = 128
@@ -106,13 +123,24 @@ def top_probs(probs: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
     """The k largest values of a 1-D tensor, descending: equal to probs.topk(k).values.
 
     ~10x faster than topk over a 150k vocabulary on a CPU (topk alone was a third of a
-    decision's cost): every top-k value lies in one of the k chunks with the largest maxima,
-    so one max-reduction pass picks k chunks and topk runs over k * 128 values only."""
-    pad = (-probs.numel()) % _TOPK_CHUNK
-    chunks = torch.nn.functional.pad(probs, (0, pad), value=float("-inf")).view(-1, _TOPK_CHUNK)
-    if chunks.shape[0] <= k:
-        return probs.topk(k).values
-    return chunks[chunks.amax(1).topk(k).indices].flatten().topk(k).values
+    decision's cost): see batch_top_probs, whose one row it is."""
+    return batch_top_probs(probs.reshape(1, -1), k)[0]
+
+
+def batch_top_probs(probs: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
+    """(B, V) -> (B, k): the k largest values of each row, descending (= probs.topk(k).values).
+
+    Every top-k value of a row lies in one of the k chunks of _TOPK_CHUNK values with the largest
+    maxima (ties included: any such choice of chunks holds the same top-k values), so one
+    max-reduction pass picks k chunks per row and topk runs over k * _TOPK_CHUNK values only."""
+    B, V = probs.shape
+    pad = (-V) % _TOPK_CHUNK
+    if (V + pad) // _TOPK_CHUNK <= k:
+        return probs.topk(k, dim=1).values
+    chunks = torch.nn.functional.pad(probs, (0, pad), value=float("-inf")).view(B, -1, _TOPK_CHUNK)
+    picked = chunks.amax(2).topk(k, dim=1).indices  # (B, k)
+    values = chunks.gather(1, picked[:, :, None].expand(B, k, _TOPK_CHUNK))  # (B, k, _TOPK_CHUNK)
+    return values.flatten(1).topk(k, dim=1).values
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -127,20 +155,56 @@ def token_features(
 ) -> torch.Tensor:
     """(len(TOKEN_FEATURES),) float32 on the draft's device, for one drafted token.
 
-    probs: the draft distribution the token was chosen from; context: the tokens before it."""
-    probs = probs.float()
-    top = top_probs(probs)
-    klass = torch.nn.functional.one_hot(token_classes[token], len(TOKEN_CLASSES)).float()
-    return torch.cat(
+    probs: the draft distribution the token was chosen from; context: the tokens before it.
+    One row of batch_token_features (the one definition)."""
+    device = probs.device
+    return batch_token_features(
+        probs.reshape(1, -1),
+        torch.as_tensor(token, device=device).view(1),
+        torch.tensor([float(gen_pos)], device=device),
+        context.reshape(1, -1),
+        torch.full((1,), context.numel(), dtype=torch.long, device=context.device),
+        token_classes,
+    )[0]
+
+
+_CPU_BLOCK = 1 << 18  # values per block of rows for batch_token_features on a CPU (1 MB of float32)
+
+
+def batch_token_features(
+    probs: torch.Tensor,
+    tokens: torch.Tensor,
+    gen_pos: torch.Tensor,
+    context: torch.Tensor,
+    lengths: torch.Tensor,
+    token_classes: torch.Tensor,
+) -> torch.Tensor:
+    """(B, len(TOKEN_FEATURES)) float32 on probs' device: row b is the features of drafted token
+    tokens[b], chosen from probs[b] (B, V) at generated position gen_pos[b] (B,), after the text
+    context[b, :lengths[b]] (context (B, L) right-padded, as batch_copy_flags takes it)."""
+    device = probs.device
+    tokens = tokens.to(device=device, dtype=torch.long)
+    # the distribution's features over blocks of rows: on a CPU, (B, V) temporaries spill the caches
+    # (the entropy of 32 rows of a 150k vocabulary at once took 10x as long as row by row); at once elsewhere
+    rows = max(1, _CPU_BLOCK // max(1, probs.shape[1])) if device.type == "cpu" else max(1, probs.shape[0])
+    tops, ents = [], []
+    for block in probs.split(rows):
+        block = block.float()
+        tops.append(batch_top_probs(block))
+        ents.append(entropy(block))
+    top, ent = (tops[0], ents[0]) if len(tops) == 1 else (torch.cat(tops), torch.cat(ents))
+    klass = torch.nn.functional.one_hot(token_classes[tokens.to(token_classes.device)], len(TOKEN_CLASSES))
+    klass = klass.float().to(device)
+    scalars = torch.stack(
         [
-            top,
-            torch.stack(
-                [entropy(probs), top[0] - top[1], probs[token], torch.tensor(float(gen_pos), device=probs.device)]
-            ),
-            copy_flags(context, token),
-            klass,
-        ]
+            ent,
+            top[:, 0] - top[:, 1],
+            probs.gather(1, tokens.view(-1, 1))[:, 0].float(),  # p_chosen
+            gen_pos.to(device=device, dtype=torch.float32),
+        ],
+        1,
     )
+    return torch.cat([top, scalars, batch_copy_flags(context, lengths, tokens).to(device), klass], 1)
 
 
 @dataclass(frozen=True)

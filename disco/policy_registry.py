@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disco.classifier import ClassifierPolicy
+from disco.batch_policy import BatchClassifier, BatchConstant, BatchPolicy, BatchTarget, BatchThreshold
+from disco.classifier import ClassifierPolicy, chosen_rule
 from disco.defaults import (
     ADAEDL_LAMBDA,
     DEFAULT_K,
@@ -104,6 +105,16 @@ class PolicyKind:
     greedy_only: bool = False  # defined for greedy decoding only
     needs_pair: bool = False  # reads the pair (its tokenizer's token classes, the artifact's pair check)
     settings: tuple[str, ...] = ()  # the PolicySpec knobs it reads, checked when a spec names it
+    # its form for a whole batch on vLLM's own draft (batch_policy.py); None: not available there
+    batched: Callable[[PolicySpec, BatchContext], BatchPolicy] | None = None
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """What building a batched policy needs: the pair it runs on, as vLLM's proposer knows it."""
+
+    pair: dict  # the Pair.describe()-like record the artifact check compares (models, tokenizer hash, engine)
+    device: Any = None  # the draft's device (the classifier's model runs there)
 
 
 def _oracle(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
@@ -125,12 +136,42 @@ def _classifier(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
     )
 
 
+def _batched_threshold(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
+    if spec.adaptive:
+        raise DiscoError("the adaptive threshold has no batched form on vLLM's draft: use a fixed threshold")
+    return BatchThreshold(spec.threshold)
+
+
+def _batched_classifier(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
+    from disco.artifact import load_artifact
+
+    if spec.classifier is None:
+        raise DiscoError("the classifier policy needs a trained artifact: name it (policy.classifier)")
+    artifact = load_artifact(spec.classifier, expect_pair=ctx.pair, trust_pickle=spec.trust_pickle)
+    if artifact.hidden_dim:
+        raise DiscoError(
+            f"{artifact.path} reads the draft's hidden state, which vLLM's draft does not give its proposer: "
+            "train one without --hidden for vLLM"
+        )
+    rule, setting = chosen_rule(artifact, spec.classifier_setting, spec.classifier_rule)
+    if rule == "threshold":
+        return BatchThreshold(setting)
+    cost = artifact.cost_model()
+    if rule.startswith("cost") and cost is None:
+        raise DiscoError("the cost rule needs the pair's cost model (a disco profile)")
+    return BatchClassifier(artifact.torch_predictor(ctx.device or "cpu"), rule, setting, cost)
+
+
 POLICIES: dict[str, PolicyKind] = {
-    "target": PolicyKind(lambda spec, ctx: None),
-    "constant": PolicyKind(lambda spec, ctx: ConstantPolicy(spec.k), settings=("k",)),
+    "target": PolicyKind(lambda spec, ctx: None, batched=lambda spec, ctx: BatchTarget()),
+    "constant": PolicyKind(
+        lambda spec, ctx: ConstantPolicy(spec.k), settings=("k",), batched=lambda spec, ctx: BatchConstant(spec.k)
+    ),
     "heuristic": PolicyKind(lambda spec, ctx: HeuristicPolicy(spec.k), settings=("k",)),
     "threshold": PolicyKind(
-        lambda spec, ctx: ThresholdPolicy(spec.threshold, adaptive=spec.adaptive), settings=("threshold",)
+        lambda spec, ctx: ThresholdPolicy(spec.threshold, adaptive=spec.adaptive),
+        settings=("threshold",),
+        batched=_batched_threshold,
     ),
     "adaedl": PolicyKind(
         lambda spec, ctx: AdaEDLPolicy(spec.lam, adaptive=spec.lam_adaptive, max_window=ctx.max_window),
@@ -138,7 +179,9 @@ POLICIES: dict[str, PolicyKind] = {
     ),
     "svip": PolicyKind(lambda spec, ctx: SVIPPolicy(spec.h), settings=("h",)),
     "oracle": PolicyKind(_oracle, needs_target_tokens=True, greedy_only=True),
-    "classifier": PolicyKind(_classifier, needs_pair=True, settings=("classifier_setting",)),
+    "classifier": PolicyKind(
+        _classifier, needs_pair=True, settings=("classifier_setting",), batched=_batched_classifier
+    ),
 }
 assert tuple(POLICIES) == POLICY_NAMES, "defaults.POLICY_NAMES lists the registry's keys, for --help"
 

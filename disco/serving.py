@@ -34,10 +34,11 @@ import torch
 
 from disco.answers import answer_first_turns
 from disco.cost import CostModel
+from disco.cpu import read_load_profile, this_machine
 from disco.decode import DecodeConfig, Drafter
-from disco.defaults import DEFAULT_VLLM_MAX_SEQS
-from disco.engines.vllm import ServingRow, SpecConfig
-from disco.errors import DiscoError
+from disco.defaults import DEFAULT_VLLM_MAX_SEQS, DEFAULT_VLLM_PROPOSERS
+from disco.engines.vllm import DISCO_DRAFT, ServingRow, SpecConfig
+from disco.errors import DiscoError, said_in_one_line
 from disco.pair import Pair
 from disco.policy import StoppingPolicy, decide_now
 from disco.policy_registry import PolicySpec
@@ -87,6 +88,7 @@ class _Request:
 class DiscoProposer:
     """vLLM's custom_class proposer running a disco policy per request."""
 
+    @said_in_one_line()  # under `vllm serve` vLLM shows a refused setting as a traceback: the line comes first
     def __init__(self, vllm_config: Any) -> None:
         self.k_max = int(vllm_config.speculative_config.num_speculative_tokens)
         if SHARED.pair is None:
@@ -137,8 +139,9 @@ class DiscoProposer:
         self.finished.append(r)
         self.spare_engines.append(r.engine)
 
-    def stats_for(self, prompt: list[int]) -> GenStats | None:
-        """The counts of the request that began with `prompt` (compare: each prompt's windows), once."""
+    def stats_for(self, prompt: list[int], request_id: str | None = None) -> GenStats | None:
+        """The counts of the request that began with `prompt` (compare: each prompt's windows), once (vLLM's
+        request ids do not reach a custom_class proposer)."""
         for r in [*self.finished, *self.requests]:
             if len(r.prompt) > len(prompt) and r.prompt[: len(prompt)].tolist() == prompt and not r.reported:
                 r.reported = True
@@ -263,7 +266,7 @@ def _load_shared_from_env() -> None:
         if not (path / "manifest.json").is_file():
             raise DiscoError(f"the proposer's classifier {path} is not an artifact (no manifest.json): check {ENV}")
     SHARED.policy = PolicySpec(**policy)
-    SHARED.load = CostModel.load(settings["profile"]) if settings.get("profile") else None
+    SHARED.load = read_load_profile(settings["profile"]) if settings.get("profile") else None
 
 
 # --- disco compare --engine vllm -----------------------------------------------------------------------
@@ -273,11 +276,18 @@ def serving_rows(pair: Pair, entries: list, max_window: int, settings: dict) -> 
     """vLLM's own rows (target-only first: the reference; its draft-model decoding at fixed lengths), then
     each of compare's policy entries as disco's proposer inside vLLM ("vllm + POLICY"). The oracle needs
     the target's output in advance and has no vLLM row."""
-    rows = pair.target_engine.serving_rows(settings)
-    spec = SpecConfig("custom_class", max_window, PROPOSER)
+    target = pair.target_engine
+    rows = target.serving_rows(settings)
+    side = SpecConfig("custom_class", max_window, PROPOSER)
+    draft = SpecConfig(DISCO_DRAFT, max_window, str(target.draft_folder)) if target.draft_folder else None
+    proposers = settings.get("proposers", DEFAULT_VLLM_PROPOSERS)
     for e in entries:
-        if e.spec is not None and not e.spec.kind.needs_target_tokens and e.variant is None:
-            rows.append(ServingRow(f"vllm + {e.label}", spec, policy=e.spec))
+        if e.spec is None or e.spec.kind.needs_target_tokens or e.variant is not None:
+            continue
+        if draft is not None and "draft" in proposers and e.spec.kind.batched is not None:
+            rows.append(ServingRow(f"vllm draft + {e.label}", draft, policy=e.spec))
+        if "side" in proposers:
+            rows.append(ServingRow(f"vllm + {e.label}", side, policy=e.spec))
     return rows
 
 
@@ -328,14 +338,11 @@ def run_serving_compare(
             shift = g % len(others)
             for row in [ref_row, *others[shift:], *others[:shift]]:
                 bar.set_postfix_str(f"c={c}: {row.label}")
-                proposer = None
-                if row.policy is not None:
-                    target.llm(row.spec, max(concurrency))  # built once; its proposer registers itself in SHARED
-                    proposer = SHARED.proposer
-                    assert proposer is not None
-                    proposer.set_policy(row.policy, load)
-                results_, wall = row.generate(target, group_ids, config.max_new_tokens, pair.eos_token_ids, c)
-                _apportion(results_, group_ids, wall, proposer)
+                proposer = _proposer(target, row, max(concurrency), load)
+                results_, request_ids, wall = row.generate(
+                    target, group_ids, config.max_new_tokens, pair.eos_token_ids, c
+                )
+                _apportion(results_, group_ids, request_ids, wall, proposer)
                 for i, res in zip(group, results_):
                     if row is ref_row:
                         refs[i] = res
@@ -391,13 +398,30 @@ def _runs(per_prompt: list[dict], group: list[int], label: str) -> list[dict]:
     return [per_prompt[i]["runs"][label] for i in group if label in per_prompt[i]["runs"]]
 
 
-def _apportion(results: list[GenResult], prompts: list[list[int]], wall: float, proposer: DiscoProposer | None) -> None:
+def _proposer(target, row: ServingRow, max_seqs: int, load: CostModel | None) -> Any:
+    """disco's proposer for `row` (None: one of vLLM's own rows), built once, set to the row's policy: the one on
+    vLLM's draft (vllm_proposer.DiscoDraftProposer) or the side-engine one (DiscoProposer, found in SHARED)."""
+    if row.policy is None:
+        return None
+    if row.spec.method == DISCO_DRAFT:
+        proposer = target.proposer(row.spec, max_seqs)
+    else:
+        target.llm(row.spec, max_seqs)  # built once; its proposer registers itself in SHARED
+        proposer = SHARED.proposer
+    assert proposer is not None
+    proposer.set_policy(row.policy, load)
+    return proposer
+
+
+def _apportion(
+    results: list[GenResult], prompts: list[list[int]], request_ids: list[str], wall: float, proposer: Any
+) -> None:
     """Give each request of a group its share of the group's wall clock (by tokens) and, from disco's proposer,
     the counts of its windows."""
     total = sum(r.stats.new_tokens for r in results) or 1
-    for ids, res in zip(prompts, results):
+    for ids, rid, res in zip(prompts, request_ids, results):
         res.stats.wall_s = wall * res.stats.new_tokens / total
-        counted = proposer.stats_for(ids) if proposer is not None else None
+        counted = proposer.stats_for(ids, rid) if proposer is not None else None
         if counted is not None:
             counted.new_tokens, counted.wall_s = res.stats.new_tokens, res.stats.wall_s
             counted.target_forwards = len(counted.windows)
@@ -486,6 +510,7 @@ def profile_load(
         "steps": steps,
         "pair": pair.describe(),
         "device_name": "cpu",
+        "machine": this_machine(),  # its step costs are this machine's (cpu.read_load_profile warns elsewhere)
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -499,15 +524,14 @@ def serving_generate(
     if config.temperature > 0:
         raise DiscoError("--engine vllm generates greedily here: drop --temperature (or serve with vLLM itself)")
     SHARED.pair, SHARED.load = pair, load
-    speculates = spec.name != "target"
-    row = ServingRow(spec.name, SpecConfig("custom_class", config.max_window, PROPOSER) if speculates else SpecConfig())
     target = pair.target_engine
-    proposer = None
-    if speculates:
-        target.llm(row.spec, max(len(prompts), DEFAULT_VLLM_MAX_SEQS))
-        proposer = SHARED.proposer
-        assert proposer is not None
-        proposer.set_policy(spec, load)
-    results, wall = row.generate(target, prompts, config.max_new_tokens, pair.eos_token_ids, len(prompts))
-    _apportion(results, prompts, wall, proposer)
+    if spec.name == "target":
+        row = ServingRow(spec.name, SpecConfig())
+    elif target.draft_folder is not None and spec.kind.batched is not None:  # on vLLM's own draft
+        row = ServingRow(spec.name, SpecConfig(DISCO_DRAFT, config.max_window, str(target.draft_folder)), spec)
+    else:  # a GGUF draft (vLLM loads none on CPUs), or a policy without a batched form: the side-engine proposer
+        row = ServingRow(spec.name, SpecConfig("custom_class", config.max_window, PROPOSER), spec)
+    proposer = _proposer(target, row, max(len(prompts), DEFAULT_VLLM_MAX_SEQS), load)
+    results, request_ids, wall = row.generate(target, prompts, config.max_new_tokens, pair.eos_token_ids, len(prompts))
+    _apportion(results, prompts, request_ids, wall, proposer)
     return results

@@ -4,6 +4,7 @@ to its own target-only decoding; the float32 backends keep eager's numbers (up t
 import copy
 import gc
 import json
+import os
 import weakref
 
 import pytest
@@ -15,7 +16,11 @@ from disco.cpu import (
     FLOAT32_EXACT,
     apply_cpu_backend,
     cpu_backend_of,
+    draft_threads,
     linear_weight_bytes,
+    profile_machine_warning,
+    read_load_profile,
+    this_machine,
 )
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
@@ -245,3 +250,40 @@ def test_rowwise_attention_matches_sdpa_and_falls_back_for_padded_batches():
         torch.testing.assert_close(one, sdpa(ids[:1]).logits, rtol=0.05, atol=0.05 * one.abs().max().item())
         padded = int8(ids, attention_mask=mask).logits  # batch 2 with padding: transformers' sdpa path
         torch.testing.assert_close(padded, sdpa(ids, attention_mask=mask).logits)
+
+
+# --- threads and the machine ---------------------------------------------------------------------
+
+
+def test_a_draft_gets_no_more_threads_than_the_process_has_cores(monkeypatch, capsys):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # vLLM's worker under `vllm serve`
+    assert draft_threads(None) == 1 and draft_threads(1) == 1
+    assert capsys.readouterr().err == ""
+    assert draft_threads(4) == 1
+    assert (
+        capsys.readouterr().err
+        == "disco: the draft gets 1 thread, not the 4 asked: this process may run on 1 core (its CPU affinity)\n"
+    )
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert draft_threads(None) == 3 and draft_threads(2) == 2
+
+
+def test_a_load_profile_says_when_it_was_measured_elsewhere(tmp_path, capsys):
+    """`disco profile --engine vllm` records the machine; a profile from another one, or from before that
+    record, is used with one warning line."""
+    here = this_machine()
+    profile = {"c_d": 0.01, "c_t": [1.0, 1.1], "c_step": [1.0, 1.1, 1.2]}
+    assert profile_machine_warning({**profile, "machine": here}, "p.json") is None
+    worker = {**here, "usable_cores": 1}  # the proposer's worker under `vllm serve`: the same machine
+    assert profile_machine_warning({**profile, "machine": worker}, "p.json") is None
+    other = {**here, "cpu": "Some Other CPU", "cores": 64}
+    said = profile_machine_warning({**profile, "machine": other}, "p.json")
+    assert said is not None and "p.json was measured on Some Other CPU, 64 cores" in said
+    assert "re-run `disco profile --engine vllm`" in said
+    old = profile_machine_warning(profile, "bench/vllm/profile.json")
+    assert old is not None and "does not say which machine" in old
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({**profile, "machine": other}))
+    assert read_load_profile(path).c_step == (1.0, 1.1, 1.2)
+    err = capsys.readouterr().err
+    assert err.startswith("disco: the load profile") and err.count("\n") == 1

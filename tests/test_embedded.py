@@ -11,6 +11,7 @@ import json
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ def _model(data: bytes, prefix: str = "disco-fake-part", version: str = "1.0") -
         version=version,
         size=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
+        ends_sha256=hashlib.sha256(data).hexdigest(),  # under 2 MiB: the whole file's
     )
 
 
@@ -380,3 +382,78 @@ def test_gguf_file_is_verified_once_then_reused(
     path.write_bytes(b"tampered")
     with pytest.raises(embedded.DiscoError):  # never accepted by its old marker
         embedded.gguf_file(fake, install=False, progress=False)
+
+
+# --- the embedded pair named by its files ----------------------------------------------------------
+
+
+MIB = 1 << 20
+
+
+def test_the_embedded_files_are_recognised_by_content(cache: Path, tmp_path: Path, monkeypatch) -> None:
+    """A GGUF of the pinned size whose first and last MiB hash as pinned is the embedded model's, in the
+    cache or copied anywhere; a converted folder is by its marker; anything else keeps its own name."""
+    data = bytes(range(256)) * (3 * MIB // 256)  # 3 MiB: only its ends are read
+    big = replace(
+        _model(data),
+        role="target",
+        name="fake-target",
+        ends_sha256=hashlib.sha256(data[:MIB] + data[-MIB:]).hexdigest(),
+    )
+    small = replace(_model(b"GGUF draft"), role="draft", name="fake-draft")  # under 2 MiB: its sha256
+    monkeypatch.setattr(embedded, "EMBEDDED_MODELS", (big, small))
+    cached = embedded.gguf_path(big)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(data)
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(data)
+    (tmp_path / "draft.gguf").write_bytes(b"GGUF draft")
+    assert embedded.pair_name(str(cached)) == "embedded:fake-target"
+    assert embedded.pair_name(str(copy)) == "embedded:fake-target"
+    assert embedded.pair_name(str(tmp_path / "draft.gguf")) == "embedded:fake-draft"
+    copy.write_bytes(b"X" + data[1:])  # same size, another header
+    assert embedded.pair_name(str(copy)) == str(copy)
+    folder = embedded.prepared_path(small)
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text(json.dumps({"name": small.name, "role": "draft", "gguf_sha256": small.sha256}))
+    assert embedded.pair_name(str(folder)) == "embedded:fake-draft"
+    (folder / MARKER).write_text(json.dumps({"name": small.name, "gguf_sha256": small.sha256}))  # a tokenizer's
+    assert embedded.pair_name(str(folder)) == str(folder)
+    for name in ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "embedded:fake-draft", str(tmp_path / "no-such.gguf"), ""):
+        assert embedded.pair_name(name) == name
+
+
+def test_a_pair_of_the_embedded_files_loads_the_embedded_pairs_artifacts(tmp_path: Path, monkeypatch) -> None:
+    """Named by their paths (a proposer's settings for `vllm serve`), the embedded pair's own files describe
+    themselves as the embedded pair, so a classifier trained on it passes the pair check."""
+    from tiny import char_tokenizer, save_tiny, tiny_pair
+
+    from disco.artifact import _check_pair
+    from disco.options import PairOptions
+    from disco.pair import load_pair
+
+    stand_ins = (
+        replace(_model(b"t"), role="target", name="fake-t"),
+        replace(_model(b"d"), role="draft", name="fake-d"),
+    )
+    folders = []
+    for model, m in zip(tiny_pair(), stand_ins):
+        folders.append(save_tiny(model, char_tokenizer(), tmp_path / m.role))
+        (folders[-1] / MARKER).write_text(json.dumps({"name": m.name, "role": m.role, "gguf_sha256": m.sha256}))
+    monkeypatch.setattr(embedded, "EMBEDDED_MODELS", stand_ins)
+    pair = load_pair(PairOptions(str(folders[0]), str(folders[1]), engine="torch", dtype="float32"))
+    described = pair.describe()
+    assert (described["target"], described["draft"]) == ("embedded:fake-t", "embedded:fake-d")
+    trained = {"target": "embedded:fake-t", "draft": "embedded:fake-d", "tokenizer_hash": described["tokenizer_hash"]}
+    _check_pair({"pair": trained}, pair, tmp_path / "artifact")  # no DiscoError: the same models
+
+
+def test_the_pinned_ends_are_the_cached_ggufs() -> None:
+    """ends_sha256 pins what the real GGUFs hash to (their first and last MiB: milliseconds to read)."""
+    for model in embedded.EMBEDDED_MODELS:
+        path = embedded.gguf_path(model)
+        if not embedded._marked_verified(model):
+            pytest.skip(f"{path} is not assembled and verified here")
+        assert embedded.ends_sha256(path) == model.ends_sha256
+        assert embedded.pair_name(str(path)) == f"embedded:{model.name}"

@@ -216,10 +216,12 @@ def test_serving_compare_rows_and_counts(pair, tmp_path):
     )
     for c in (1, 3):
         summary = result["concurrency"][c]["summary"]
-        assert list(summary) == ["target", "vllm draft k=2", "vllm + constant k=2"]  # no oracle row in vLLM
-        assert summary["vllm + constant k=2"]["lossless"]
-        assert summary["vllm + constant k=2"]["mean_accepted_window"] is not None
-        assert summary["vllm + constant k=2"]["decide_ms_per_draft"] >= 0
+        # disco's policy on vLLM's own draft and on its side engine; no oracle row in vLLM
+        assert list(summary) == ["target", "vllm draft k=2", "vllm draft + constant k=2", "vllm + constant k=2"]
+        for row in ("vllm draft + constant k=2", "vllm + constant k=2"):
+            assert summary[row]["lossless"]
+            assert summary[row]["mean_accepted_window"] is not None
+            assert summary[row]["decide_ms_per_draft"] >= 0
     saved = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert set(saved["concurrency"]) == {"1", "3"}
     assert (tmp_path / "out" / "c3" / "table.md").is_file()
@@ -298,11 +300,12 @@ def test_artifact_for_another_pair(pair, tmp_path):
         PolicySpec("classifier", classifier=str(artifact)).build(pair=pair)
 
 
-def test_missing_proposer_settings(monkeypatch):
+def test_missing_proposer_settings(monkeypatch, capsys):
     monkeypatch.setattr(serving, "SHARED", serving.Shared())
     monkeypatch.delenv(serving.ENV, raising=False)
-    with pytest.raises(DiscoError, match=serving.ENV):
+    with pytest.raises(DiscoError, match=serving.ENV) as refused:
         serving.DiscoProposer(_FakeConfig())
+    assert capsys.readouterr().err == f"disco: {refused.value}\n"  # before vLLM's own report of it
     monkeypatch.setenv(serving.ENV, json.dumps({"policy": {"name": "classifier", "classifier": "/no/such"}}))
     with pytest.raises(DiscoError, match="not an artifact"):
         serving._load_shared_from_env()
@@ -311,6 +314,25 @@ def test_missing_proposer_settings(monkeypatch):
 class _FakeConfig:
     class speculative_config:  # noqa: N801 -- vLLM's attribute name
         num_speculative_tokens = 4
+
+
+def test_the_draft_gets_no_more_threads_than_the_worker_has_cores(folders, tmp_path, monkeypatch, capsys):
+    """vLLM's CPU worker under `vllm serve` is bound to one core: the proposer's llama.cpp draft runs one thread
+    there, by default and when more were asked (said in one line)."""
+    import shutil
+
+    from tiny_gguf import write_tiny_gguf
+
+    from disco.hub import gguf_tokenizer
+
+    draft = write_tiny_gguf(perturbed(tiny_vllm_qwen(), 0.03), char_tokenizer(), tmp_path / "draft.gguf")
+    target = shutil.copytree(folders[0], tmp_path / "target")
+    gguf_tokenizer(draft).save_pretrained(target)  # the tokenizer as the GGUF holds it: the draft's, exactly
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    for threads in (None, 4):
+        options = PairOptions(str(target), str(draft), engine="vllm", dtype="float32", threads=threads, repack="off")
+        assert load_pair(options).draft.describe()["threads"] == 1
+    assert capsys.readouterr().err.count("the draft gets 1 thread, not the 4 asked") == 1
 
 
 # --- vllm serve with disco's proposer --------------------------------------------------------------------
@@ -407,7 +429,10 @@ def test_vllm_serve_with_a_missing_artifact_stops_in_one_line(folders, tmp_path)
             _stop(proc)
     assert proc.returncode != 0
     log = (tmp_path / "server.log").read_text()
-    assert f"the proposer's classifier {tmp_path / 'nothing'} is not an artifact (no manifest.json)" in log
+    said = f"disco: the proposer's classifier {tmp_path / 'nothing'} is not an artifact (no manifest.json): check"
+    lines = [line for line in log.splitlines() if line.startswith(said)]
+    assert len(lines) == 1, log[-3000:]  # one line of disco's, before vLLM's "Engine core initialization failed"
+    assert log.index(lines[0]) < log.index("Engine core initialization failed"), log[-3000:]
 
 
 def test_generate_with_the_policy_inside_vllm(pair, ids, reference):

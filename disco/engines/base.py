@@ -109,7 +109,7 @@ class PairParts:
     target: Any  # a torch.nn.Module (torch engine) or an Engine object (e.g. llama.cpp)
     draft: Any
     tokenizer: Any  # the shared tokenizer (the target's)
-    target_name: str  # model id, folder or GGUF path as given ("embedded:…" for the default pair)
+    target_name: str  # model id, folder or GGUF path as given ("embedded:…" for the default pair's files)
     draft_name: str
     device: torch.device
     dtype: torch.dtype

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from disco import embedded
+from disco.cpu import usable_cores
 from disco.defaults import DEFAULT_CACHE, DEFAULT_REPACK, DEFAULT_VERIFY, DRAFT_QUANT_CHOICES, VERIFY_MODES
 from disco.engines.base import EngineKind, PairParts, Variant
 from disco.engines.llamacpp_repack import RepackChoice, choose
@@ -62,11 +63,6 @@ INSTALL_HINT = (
     "llama.cpp from source, ~6 min), or run the torch engine with --engine torch"
 )
 _GGUF_MAGIC = b"GGUF"
-
-
-def default_threads() -> int:
-    """Physical cores are what llama.cpp scales with; this machine reports 2 logical = 2 physical."""
-    return max(1, os.cpu_count() or 1)
 
 
 def llama_cpp_module():
@@ -127,7 +123,7 @@ def requantized(path: Path, quant: str, progress: bool = True) -> Path:
         params = lc.llama_model_quantize_default_params()
         params.ftype = params.output_tensor_type = DRAFT_QUANTS[quant]
         params.allow_requantize = True
-        params.nthread = default_threads()
+        params.nthread = usable_cores()
         if progress:
             print(f"disco: re-quantizing the draft {path.name} to {quant} (once)", file=sys.stderr)
         if lc.llama_model_quantize(str(path).encode(), tmp.encode(), ctypes.byref(params)) != 0:
@@ -208,7 +204,7 @@ class LlamaCppEngine:
             )
         if verify not in VERIFY_MODES:
             raise DiscoError(f"unknown verification mode {verify!r}: choose one of {', '.join(VERIFY_MODES)}")
-        threads = default_threads() if threads is None else threads
+        threads = usable_cores() if threads is None else threads  # llama.cpp scales with cores
         if threads < 1:
             raise DiscoError(f"--threads must be at least 1 (got {threads})")
         lc = llama_cpp_module()

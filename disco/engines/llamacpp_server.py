@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from disco.cpu import usable_cores
 from disco.engines.llamacpp_build import BINARY_NAME, server_binary
 from disco.errors import DiscoError
 from disco.rounds import eos_cut
@@ -57,12 +58,6 @@ DRAFT_P_MIN = 0.0
 
 
 # --- the server ---------------------------------------------------------------------------------
-
-
-def _cpu_count() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1  # pragma: no cover
 
 
 def _free_port() -> int:
@@ -157,7 +152,7 @@ class LlamaServer:
         for p in (self.target, self.draft):
             if p is not None and not p.is_file():
                 raise DiscoError(f"GGUF file not found: {p}")
-        self.threads = int(threads) if threads else _cpu_count()
+        self.threads = int(threads) if threads else usable_cores()
         self.ctx = int(ctx)
         self.n_max, self.n_min, self.p_min = int(n_max), int(n_min), float(p_min)
         self.binary = Path(binary) if binary is not None else None

@@ -7,9 +7,12 @@ ENGINE_KINDS is the order `--engine auto` asks them to claim a pair: the first t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from disco.defaults import ENGINES
+from disco.embedded import pair_name
 from disco.engines import llamacpp, torch_engine, vllm
 from disco.engines.base import Engine, EngineKind, PairParts
 from disco.errors import DiscoError
@@ -43,7 +46,9 @@ def load_parts(options: PairOptions = PairOptions()) -> PairParts:
     if (options.target is None) != (options.draft is None):
         raise DiscoError("give both --target and --draft, or neither (the embedded default pair)")
     engine = resolve_engine(options.engine, options.target, options.draft, options.device)
-    return ENGINE_KINDS[engine].load_pair(options)
+    parts = ENGINE_KINDS[engine].load_pair(options)
+    # the embedded pair's files named by their paths are the embedded pair: artifacts trained on it apply
+    return replace(parts, target_name=pair_name(parts.target_name), draft_name=pair_name(parts.draft_name))
 
 
 def prepare_embedded(engine: str, install: bool = True) -> dict:

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from disco import embedded
+from disco import embedded, vllm_proposer
+from disco.cpu import draft_threads
 from disco.defaults import DEFAULT_CACHE, DEFAULT_DRAFT_QUANT, DEFAULT_VLLM_KV_GIB, DEFAULT_VLLM_MAX_SEQS
 from disco.engines.base import EngineKind, PairParts, Variant
 from disco.engines.llamacpp import EMBEDDED_DRAFT_QUANT, LlamaCppEngine, is_gguf, requantized
@@ -34,6 +35,7 @@ from disco.engines.torch_engine import TorchEngine
 from disco.errors import DiscoError
 from disco.hub import check_same_tokenizer, eos_ids, gguf_tokenizer, load_config, load_model, load_tokenizer
 from disco.options import PairOptions
+from disco.policy_registry import PolicySpec
 from disco.stats import GenResult, GenStats
 
 NAME = "vllm"
@@ -56,18 +58,24 @@ def _in_process() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+DISCO_DRAFT = "disco-draft"  # SpecConfig.method: disco's policy on vLLM's own draft (vllm_proposer.py)
+
+
 @dataclass
 class SpecConfig:
     """How one vLLM instance speculates: None = target-only."""
 
-    method: str | None = None  # "draft_model" (vLLM's own), "custom_class" (disco's proposer) or None
+    # "draft_model" (vLLM's own), DISCO_DRAFT (disco's policy on vLLM's draft), "custom_class" (disco's
+    # side-engine proposer) or None
+    method: str | None = None
     k: int = 0  # num_speculative_tokens: the fixed length, or the most disco's proposer may draft
-    model: str | None = None  # the draft folder (draft_model) or the proposer's class path (custom_class)
+    model: str | None = None  # the draft folder (draft_model, DISCO_DRAFT) or the proposer's class path (custom_class)
 
     def to_vllm(self) -> dict | None:
         if self.method is None:
             return None
-        return {"method": self.method, "model": self.model, "num_speculative_tokens": self.k}
+        method = "draft_model" if self.method == DISCO_DRAFT else self.method
+        return {"method": method, "model": self.model, "num_speculative_tokens": self.k}
 
 
 class VllmTarget:
@@ -88,6 +96,7 @@ class VllmTarget:
         self.max_model_len, self.kv_gib = max_model_len, kv_gib
         self._config = load_config(str(folder))
         self._llms: dict[tuple, Any] = {}
+        self._proposers: dict[tuple, Any] = {}  # DISCO_DRAFT instances' proposers (vllm_proposer.DiscoDraftProposer)
 
     # --- the vLLM instances -------------------------------------------------------------------
 
@@ -100,6 +109,13 @@ class VllmTarget:
             _in_process()
             # on CPUs vLLM reserves this much host RAM for each instance's KV cache
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.kv_gib:g}")
+            disco_draft = spec.method == DISCO_DRAFT
+            # every draft_model instance of this process is built as disco's class (vLLM's runner checks its
+            # drafter against the one class name it holds): without settings it is vLLM's own proposer
+            vllm_proposer.install()
+            if disco_draft:  # this instance decides per request (target-only until compare sets a policy);
+                # ragged drafts need synchronous scheduling
+                vllm_proposer.arm(vllm_proposer.Settings(PolicySpec("target"), keep_stats=True))
             try:
                 self._llms[key] = vllm.LLM(
                     model=str(self.folder),
@@ -110,11 +126,16 @@ class VllmTarget:
                     max_num_seqs=max_num_seqs,
                     speculative_config=spec.to_vllm(),
                     seed=0,
+                    **({"async_scheduling": False} if disco_draft else {}),
                 )
             except (RuntimeError, ValueError) as e:
                 # pydantic's message spans lines (the field, then the reason): keep it whole, on one line
                 said = " ".join(str(e).split())[:400] or type(e).__name__
                 raise DiscoError(f"vLLM could not start on {self.folder}: {said}") from None
+            finally:
+                vllm_proposer.arm(None)
+            if disco_draft:
+                self._proposers[key] = vllm_proposer.PROPOSERS[-1]
             from vllm import SamplingParams
             from vllm.inputs import TokensPrompt
 
@@ -123,13 +144,26 @@ class VllmTarget:
             self._llms[key].generate(warm, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
         return self._llms[key]
 
+    def proposer(self, spec: SpecConfig, max_num_seqs: int = DEFAULT_VLLM_MAX_SEQS):
+        """The proposer of the DISCO_DRAFT instance for `spec` (built on first use)."""
+        self.llm(spec, max_num_seqs)
+        return self._proposers[(spec.method, spec.k, spec.model)]
+
     def close(self) -> None:
         self._llms.clear()
+        self._proposers.clear()
 
     def generate_batch(
         self, spec: SpecConfig, prompts: list[list[int]], max_new_tokens: int, eos: Collection[int], concurrency: int
     ) -> tuple[list[list[int]], float]:
         """Greedy outputs of `prompts` submitted together to the instance for `spec`, and the wall time."""
+        outs, _, wall = self.generate_requests(spec, prompts, max_new_tokens, eos, concurrency)
+        return outs, wall
+
+    def generate_requests(
+        self, spec: SpecConfig, prompts: list[list[int]], max_new_tokens: int, eos: Collection[int], concurrency: int
+    ) -> tuple[list[list[int]], list[str], float]:
+        """generate_batch, with vLLM's id of each request (a proposer's per-request counts are keyed by it)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -138,7 +172,7 @@ class VllmTarget:
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         wall = time.perf_counter() - t0
-        return [list(o.outputs[0].token_ids) for o in outs], wall
+        return [list(o.outputs[0].token_ids) for o in outs], [o.request_id for o in outs], wall
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int, eos: Collection[int]) -> list[list[int]]:
         """vLLM target-only's greedy outputs of `prompts` submitted together (answers.py: first turns)."""
@@ -215,9 +249,10 @@ class ServingRow:
 
     def generate(
         self, target: VllmTarget, prompts: list[list[int]], max_new_tokens: int, eos: Collection[int], concurrency: int
-    ) -> tuple[list[GenResult], float]:
-        outs, wall = target.generate_batch(self.spec, prompts, max_new_tokens, eos, concurrency)
-        return [GenResult(o, GenStats(new_tokens=len(o))) for o in outs], wall
+    ) -> tuple[list[GenResult], list[str], float]:
+        """Each prompt's result, vLLM's request ids (in the prompts' order) and the wall time."""
+        outs, ids, wall = target.generate_requests(self.spec, prompts, max_new_tokens, eos, concurrency)
+        return [GenResult(o, GenStats(new_tokens=len(o))) for o in outs], ids, wall
 
 
 # --- loading a pair on this engine --------------------------------------------------------------------
@@ -250,13 +285,18 @@ def load_pair(options: PairOptions) -> PairParts:
         if is_gguf(draft_path) and options.draft_quant not in (DEFAULT_DRAFT_QUANT, "none"):
             draft_path = requantized(draft_path, options.draft_quant)
     tokenizer = load_tokenizer(str(target_dir))
+    # The proposer drafts inside vLLM's worker, which `vllm serve` binds to one core: the draft gets no more
+    # threads than the cores this process may use (cpu.draft_threads)
     if is_gguf(draft_path):
         check_same_tokenizer(tokenizer, gguf_tokenizer(draft_path), *names)
         # fast: the draft catches up on the tokens vLLM accepted in one batch (the draft never changes the output)
-        draft: Any = LlamaCppEngine(draft_path, options.threads, "fast", repack=options.repack)
+        draft: Any = LlamaCppEngine(draft_path, draft_threads(options.threads), "fast", repack=options.repack)
     else:
         check_same_tokenizer(tokenizer, load_tokenizer(str(draft_path)), *names)
         draft = TorchEngine.of(load_model(str(draft_path), torch.device("cpu"), torch.float32))
+        cores = draft_threads(None)  # torch's threads are the process's, vLLM's own ops' too: only capped
+        if torch.get_num_threads() > cores:
+            torch.set_num_threads(cores)
     dtype = "float32" if options.dtype == "float32" else "bfloat16"
     config = load_config(str(target_dir))
     max_len = min(int(getattr(config, "max_position_embeddings", 4096)), 4096)

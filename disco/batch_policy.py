@@ -1,0 +1,204 @@
+"""Policies that decide for a whole batch of requests at once (docs/architecture.md, "vLLM's own draft").
+
+vLLM drafts every running request in one batched forward per draft position. After each position the
+proposer (vllm_proposer.py) asks one of these for the whole batch in one call: a (B,) mask of the requests
+that stop after this token. Each is the batched form of a policy of policy.py / classifier.py: the same
+decision, per request, as tensor operations (the classifier's features come from features.py's batched
+form; its model answers all rows in one call). What a policy keeps between a request's windows lives in
+that request's `RequestState`, which the proposer keys by vLLM's request id and frees with the request.
+
+A policy with a batched form has a `batched` builder in its policy_registry entry; the others (heuristic,
+adaedl, svip, oracle) are refused by the proposer in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from disco.classifier import FORECAST_KEEP, FORECAST_RELAX
+from disco.cost import CostModel
+from disco.features import TARGET_SIGNALS, TOKEN_FEATURES
+from disco.stats import GenStats
+
+_P_CHOSEN = TOKEN_FEATURES.index("p_chosen")
+
+
+@dataclass
+class RequestState:
+    """One request as the batched policies see it between its windows (per vLLM request id)."""
+
+    request_id: str = ""  # vLLM's id of the request
+    prev_accepted: int = 0  # the previous window's accepted length (a feature)
+    forecast: float = 1.0  # cost-adaptive: running per-token acceptance (classifier.py)
+    window: list[int] = field(default_factory=list)  # the draft tokens last handed to vLLM for it
+    stats: GenStats = field(default_factory=GenStats)  # its windows (compare's counts)
+
+
+@dataclass
+class Batch:
+    """One draft step's view of the running requests, what the batched policies read: built by the proposer."""
+
+    states: list[RequestState]
+    cost: CostModel | None = None  # the cost rules' cost model at this batch's load (CostModel.at_load)
+
+
+class BatchPolicy(Protocol):
+    name: str
+    reads_features: bool  # needs the FEATURES matrix (the classifier); the others read only p_chosen
+
+    def drafts(self, batch: Batch) -> torch.Tensor: ...  # (B,) bool: does each request draft this step?
+
+    def start(self, batch: Batch, device: torch.device) -> None: ...  # a new window for every request
+
+    # after draft position `pos` (1-based): (B,) bool, stop after this token. feats: (B, len(TOKEN_FEATURES))
+    # (features.batch_token_features) or None; p_chosen: (B,) the draft's probability of each drafted token
+    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor: ...
+
+    def update(self, state: RequestState, drafted: int, accepted: int) -> None: ...
+
+
+class _Fixed:
+    """The batched forms that keep nothing between windows share these."""
+
+    reads_features = False
+
+    def drafts(self, batch: Batch) -> torch.Tensor:
+        return torch.ones(len(batch.states), dtype=torch.bool)
+
+    def start(self, batch: Batch, device: torch.device) -> None:
+        pass
+
+    def update(self, state: RequestState, drafted: int, accepted: int) -> None:
+        pass
+
+
+class BatchTarget(_Fixed):
+    """Target-only decoding: no request drafts."""
+
+    name = "target"
+
+    def drafts(self, batch: Batch) -> torch.Tensor:
+        return torch.zeros(len(batch.states), dtype=torch.bool)
+
+    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(p_chosen, dtype=torch.bool)
+
+
+class BatchConstant(_Fixed):
+    """policy.ConstantPolicy for a batch: every request drafts k tokens."""
+
+    name = "constant"
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(p_chosen, pos >= self.k, dtype=torch.bool)
+
+
+class BatchThreshold(_Fixed):
+    """policy.ThresholdPolicy (fixed tau) for a batch: a request stops after a token below tau."""
+
+    name = "threshold"
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+
+    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor:
+        return p_chosen < self.threshold
+
+
+class BatchClassifier:
+    """classifier.ClassifierPolicy for a batch: the model's P(accept) of every row in one call, then the rule.
+
+    predict: (B, F) float32 features on the draft's device -> (B,) calibrated P(accept) (the artifact's
+    batched predictor: logistic/MLP as tensor ops on the device, LightGBM in one host call)."""
+
+    name = "classifier"
+    reads_features = True
+
+    def __init__(
+        self, predict: Callable[[torch.Tensor], torch.Tensor], rule: str, setting: float, cost: CostModel | None
+    ) -> None:
+        self.predict, self.rule, self.setting, self.cost = predict, rule, setting, cost
+        self._survive = torch.ones(0, dtype=torch.float64)
+        self._prod = torch.ones(0)
+        self._prev = torch.zeros(0)
+        self._batch = Batch([])
+
+    def _costs(self) -> CostModel:
+        cost = self._batch.cost or self.cost
+        assert cost is not None, "the cost rules need a cost model (checked when the policy is built)"
+        return cost
+
+    def drafts(self, batch: Batch) -> torch.Tensor:
+        n = len(batch.states)
+        if self.rule == "cost":  # would a perfectly accepted window pay at the tuned rate? (the same for all)
+            self._batch = batch
+            one = torch.ones(n, dtype=torch.float64)
+            return _pays(self._costs(), 0, one, one, self._rate())
+        if self.rule == "cost-adaptive":  # a window accepted at each request's forecast beats target-only?
+            self._batch = batch
+            forecast = torch.tensor([s.forecast for s in batch.states], dtype=torch.float64)
+            go = _pays(self._costs(), 0, torch.ones(n, dtype=torch.float64), forecast, 1.0 / self._costs().c_t[0])
+            for s, g in zip(batch.states, go.tolist()):
+                if not g:  # a skipped round moves the estimate back toward 1 (classifier.ClassifierPolicy.drafts)
+                    s.forecast += (1.0 - s.forecast) * FORECAST_RELAX
+            return go
+        return torch.ones(n, dtype=torch.bool)
+
+    def start(self, batch: Batch, device: torch.device) -> None:
+        n = len(batch.states)
+        self._batch = batch
+        self._survive = torch.ones(n, dtype=torch.float64, device=device)
+        self._prod = torch.ones(n, device=device)  # window_prob_prod: product of p_chosen in the window
+        self._prev = torch.tensor([float(s.prev_accepted) for s in batch.states], device=device)
+
+    def _rate(self) -> float:
+        return self.setting / self._costs().c_t[0]
+
+    def window_features(self, pos: int, p_chosen: torch.Tensor) -> torch.Tensor:
+        """(B, len(WINDOW_FEATURES)): features.WindowState.step for every row (vLLM shows the proposer no target
+        signals: they keep their before-any-window values, as in training with --no-target-signals)."""
+        self._prod = p_chosen.float() * self._prod
+        n = p_chosen.shape[0]
+        signals = torch.tensor([0.0, 1.0, 0.0, 0.0], device=p_chosen.device).expand(n, len(TARGET_SIGNALS))
+        pos_col = torch.full((n, 1), float(pos), device=p_chosen.device)
+        return torch.cat([pos_col, self._prod[:, None], self._prev[:, None], signals], 1)
+
+    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor:
+        assert feats is not None and feats.shape[1] == len(TOKEN_FEATURES)
+        feats = torch.cat([feats, self.window_features(pos, feats[:, _P_CHOSEN])], 1)  # FEATURES, in order
+        p = self.predict(feats).double()
+        self._survive = self._survive * p
+        if self.rule == "token":
+            return p < self.setting
+        if self.rule == "cumulative":
+            return 1.0 - self._survive > self.setting
+        return ~_pays(self._costs(), pos, self._survive, p, self._rate())
+
+    def update(self, state: RequestState, drafted: int, accepted: int) -> None:
+        if drafted > 0:  # classifier.ClassifierPolicy.update (WindowState.end, the forecast)
+            state.prev_accepted = accepted
+            judged = accepted + (accepted < drafted)
+            state.forecast = FORECAST_KEEP * state.forecast + (1 - FORECAST_KEEP) * accepted / judged
+
+
+def _pays(c: CostModel, i: int, survive: torch.Tensor, forecast: torch.Tensor, rho: float) -> torch.Tensor:
+    """classifier.ClassifierPolicy._pays for every row: does some window longer than i tokens (the next ones
+    accepted at `forecast` each, the i so far with probability `survive`) gain more expected tokens than its
+    extra cost at rate rho? The same products and sums in the same order (cumprod, cumsum) in float64."""
+    n = survive.shape[0]
+    top = len(c.c_t)
+    if i + 1 >= top:
+        return torch.zeros(n, dtype=torch.bool, device=survive.device)
+    base = i * c.c_d + c.c_t[min(i, top - 1)]
+    m = range(i + 1, top)
+    extra = torch.tensor([rho * (j * c.c_d + c.c_t[j] - base) for j in m], dtype=torch.float64, device=survive.device)
+    a = forecast.double()[:, None].expand(n, len(m)).cumprod(1)
+    gain = (survive.double()[:, None] * a).cumsum(1)
+    return (gain > extra).any(1)

@@ -1,0 +1,355 @@
+"""disco's policy on vLLM's own batched draft (docs/architecture.md, "vLLM's own draft").
+
+vLLM's `draft_model` method drafts every running request in one batched forward per draft position, inside
+vLLM (its model runner, paged KV cache, device, tensor parallelism), and verifies k tokens per request.
+`DiscoDraftProposer` is that proposer (a subclass of vLLM's `DraftModelProposer`) with one change: after each
+draft position it computes the features of every request from the draft's logits as one (B, F) tensor on the
+draft's device (features.batch_token_features), asks the policy about the whole batch in one call
+(batch_policy.py), masks the requests that stopped, ends the loop when none drafts on, and hands vLLM each
+request's own number of draft tokens. Per-request state is keyed by vLLM's request id and freed when vLLM
+drops the request.
+
+How it gets in: the runner builds `DraftModelProposer` by its module-global name (gpu_model_runner.py; no
+option takes a subclass), so `install()` rebinds that name to this class. Under `vllm serve` the
+`vllm.general_plugins` entry point `register()` does so in every vLLM process when DISCO_VLLM_POLICY is set;
+in-process (`disco compare --engine vllm`) engines/vllm.py calls `arm()` around building disco's instance.
+Without settings it behaves exactly as vLLM's own (compare's "vllm draft k=K" rows share the process).
+
+What it relies on (read from vLLM 0.32; `install()` refuses other versions in one line): propose(...) and
+_sample_draft_tokens(hidden, sampling_metadata) of llm_base_proposer.py, the runner's input_batch (req_ids,
+token_ids_cpu, num_tokens_no_spec) and requests, ragged list[list[int]] drafts under synchronous
+scheduling (async scheduling expects k drafts per request: refused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from disco.batch_policy import Batch, BatchPolicy, RequestState
+from disco.cost import CostModel
+from disco.cpu import read_load_profile
+from disco.errors import DiscoError, said_in_one_line
+from disco.features import batch_token_features, token_class_table
+from disco.policy_registry import BatchContext, PolicySpec
+
+ENV = "DISCO_VLLM_POLICY"  # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "profile": PATH, ...}
+SUPPORTED_VLLM = ("0.32",)  # the vLLM releases whose draft loop this proposer was read and tested against
+
+
+@dataclass
+class Settings:
+    """What disco's draft proposer decides with: a policy and, for the cost rules, a vLLM load profile."""
+
+    policy: PolicySpec
+    load: CostModel | None = None
+    keep_stats: bool = False  # keep each finished request's counts (compare reads them by request id)
+
+
+_ARMED: Settings | None = None  # in-process: the settings the next proposer vLLM builds takes
+PROPOSERS: list[Any] = []  # the DiscoDraftProposers built in this process (compare switches their policy)
+
+
+class _AllStopped(Exception):
+    """Raised inside vLLM's draft loop once no request drafts on: the loop ends there."""
+
+
+def check_version(version: str) -> None:
+    if not version.startswith(SUPPORTED_VLLM):
+        raise DiscoError(
+            f"disco's policy on vLLM's draft supports vLLM {', '.join(SUPPORTED_VLLM)} (installed: {version}): "
+            "install one of those, or use the side-engine proposer (disco.serving.DiscoProposer)"
+        )
+
+
+def install() -> None:
+    """Make vLLM's runner build disco's proposer for the `draft_model` method (idempotent)."""
+    import vllm
+    import vllm.v1.worker.gpu_model_runner as runner
+
+    check_version(vllm.__version__)
+    runner.DraftModelProposer = _proposer_class()  # type: ignore[misc]
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point, run in every vLLM process: install when settings are given."""
+    if os.environ.get(ENV):
+        install()
+
+
+def arm(settings: Settings | None) -> None:
+    """In-process: the next draft_model proposer vLLM builds decides with `settings` (None: vLLM's own)."""
+    global _ARMED
+    _ARMED = settings
+
+
+def settings_from_env() -> Settings:
+    """`vllm serve`: the policy (and load profile) named by the DISCO_VLLM_POLICY JSON."""
+    raw = os.environ.get(ENV, "")
+    try:
+        text = Path(raw).read_text() if not raw.lstrip().startswith("{") else raw
+        data = json.loads(text)
+    except FileNotFoundError:
+        raise DiscoError(f"{ENV} names {raw}, which does not exist: give the proposer's settings file") from None
+    except ValueError as e:
+        raise DiscoError(f"{ENV} is not valid JSON ({e}): fix the proposer's settings") from None
+    policy = data.get("policy") or {"name": "threshold"}
+    load = read_load_profile(data["profile"]) if data.get("profile") else None  # (warns when measured elsewhere)
+    return Settings(PolicySpec(**policy), load)
+
+
+def check_config(vllm_config: Any, proposer: Any) -> None:
+    """Refuse what breaks per-request windows: asynchronous scheduling (it expects k drafts per request; vLLM's
+    CPU platform always turns it off, on GPUs it is the default for draft_model) and a draft whose full logits
+    never exist (local argmax reduction) or whose vocabulary is mapped to the target's."""
+    if vllm_config.scheduler_config.async_scheduling:
+        raise DiscoError(
+            "disco's policy on vLLM's draft gives each request its own number of draft tokens, which needs "
+            "synchronous scheduling: start vLLM with --no-async-scheduling (LLM(async_scheduling=False))"
+        )
+    if getattr(proposer, "use_local_argmax_reduction", False) or getattr(proposer, "use_heterogeneous_vocab", False):
+        raise DiscoError(
+            "disco's policy reads the draft's full logits: drop use_local_argmax_reduction and use a draft "
+            "with the target's vocabulary"
+        )
+
+
+_CLASS: type | None = None
+
+
+def _proposer_class() -> type:
+    """DiscoDraftProposer, defined on first use (it subclasses vLLM's, which imports vLLM)."""
+    global _CLASS
+    if _CLASS is None:
+        from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+        _CLASS = type("DiscoDraftProposer", (_DiscoDraft, DraftModelProposer), {"__module__": __name__})
+    return _CLASS
+
+
+class _DiscoDraft:
+    """The methods DiscoDraftProposer adds to vLLM's DraftModelProposer (its other base)."""
+
+    @said_in_one_line()  # under `vllm serve` a refusal here would otherwise reach the user as vLLM's traceback
+    def __init__(self, vllm_config: Any, device: torch.device, runner: Any = None) -> None:
+        super().__init__(vllm_config, device, runner)  # type: ignore[call-arg]
+        self._runner = runner  # its input_batch and requests: the ids, tokens and prompt lengths of the batch
+        settings = _ARMED if _ARMED is not None else (settings_from_env() if os.environ.get(ENV) else None)
+        self.settings = settings
+        self._step: _Step | None = None
+        if settings is None:
+            return  # vLLM's own draft-model decoding
+        check_config(vllm_config, self)
+        self.vllm_config = vllm_config
+        self.requests: dict[str, RequestState] = {}  # the running requests' states, by vLLM request id
+        self.finished: dict[str, Any] = {}  # keep_stats: finished requests' GenStats, by request id
+        self.set_policy(settings.policy, settings.load)
+        PROPOSERS.append(self)
+        print(f"disco: the {settings.policy.name} policy decides on vLLM's draft, per request", file=sys.stderr)
+
+    # --- the policy ---------------------------------------------------------------------------------
+
+    def set_policy(self, spec: PolicySpec, load: CostModel | None = None) -> None:
+        """Decide with `spec` from now on (compare's rows switch it between runs)."""
+        if spec.kind.batched is None:
+            raise DiscoError(
+                f"the {spec.name} policy has no batched form on vLLM's draft: use target, constant, threshold or "
+                "classifier there (or the side-engine proposer, disco.serving.DiscoProposer)"
+            )
+        self.spec, self.load = spec, load
+        self.decide_s = 0.0  # in the policy (features, model, rule)
+        self.forward_s = 0.0  # in vLLM's draft loop besides the policy (its forwards, sampling, metadata)
+        self.n_positions = 0  # draft positions run (one batched forward each)
+        self.policy: BatchPolicy = spec.kind.batched(spec, BatchContext(self._pair_record(), self.device))
+        self._views: dict[int, CostModel] = {}
+        self._classes: torch.Tensor | None = None
+        if self.policy.reads_features:
+            self._classes = self._token_classes()
+
+    def _tokenizer(self):
+        if getattr(self, "_tok", None) is None:
+            from disco.hub import load_tokenizer
+
+            self._tok = load_tokenizer(str(self.vllm_config.model_config.tokenizer))
+        return self._tok
+
+    def _pair_record(self) -> dict:
+        """What the artifact check compares (Pair.describe()'s fields): the models, the tokenizer, the engine."""
+        from disco.hub import tokenizer_hash
+
+        spec = self.vllm_config.speculative_config
+        return {
+            "target": str(self.vllm_config.model_config.model),
+            "draft": str(spec.draft_model_config.model),
+            "tokenizer_hash": tokenizer_hash(self._tokenizer()),
+            "engine": {"name": "vllm", "dtype": str(spec.draft_model_config.dtype).removeprefix("torch.")},
+        }
+
+    def _token_classes(self) -> torch.Tensor:
+        vocab = self.vllm_config.speculative_config.draft_model_config.get_vocab_size()
+        return token_class_table(self._tokenizer(), vocab).to(self.device)
+
+    def _load_view(self, batch: int) -> CostModel | None:
+        """The cost rules' cost model in a step of `batch` requests (CostModel.at_load), None without a profile."""
+        if self.load is None or batch < 1:
+            return None
+        if batch not in self._views:
+            self._views[batch] = self.load.at_load(
+                batch, int(self.vllm_config.speculative_config.num_speculative_tokens)
+            )
+        return self._views[batch]
+
+    def stats_for(self, prompt: list[int], request_id: str) -> Any:
+        """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once."""
+        for table in (self.finished, self.requests):
+            for rid in list(table):
+                if rid == request_id or rid.startswith(f"{request_id}-"):
+                    got = table.pop(rid)
+                    return got if table is self.finished else got.stats
+        return None
+
+    # --- vLLM's draft loop --------------------------------------------------------------------------
+
+    def propose(self, num_speculative_tokens: int, *args: Any, **kwargs: Any):  # type: ignore[override]
+        if self.settings is None:
+            return super().propose(num_speculative_tokens, *args, **kwargs)  # type: ignore[misc]
+        t0 = time.perf_counter()
+        cad = kwargs["common_attn_metadata"]
+        self._step = self._begin(cad.batch_size(), num_speculative_tokens, kwargs["next_token_ids"], cad, kwargs)
+        step = self._step
+        k = num_speculative_tokens if bool(step.live.any()) else 0  # 0: vLLM only keeps the draft's KV in sync
+        try:
+            super().propose(k, *args, **kwargs)  # type: ignore[misc]
+        except _AllStopped:
+            pass
+        finally:
+            self._step = None
+        self.forward_s += time.perf_counter() - t0 - step.decide_s
+        self.decide_s += step.decide_s
+        self.n_positions += step.pos
+        return step.windows()
+
+    def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any):
+        if self._step is None:
+            return super()._sample_draft_tokens(hidden_states, sampling_metadata)  # type: ignore[misc]
+        logits = self.model.compute_logits(hidden_states)  # type: ignore[attr-defined]
+        tokens = logits.argmax(-1)  # disco drafts greedily (vLLM's rejection sampler verifies, sampling or not)
+        self._step.after(logits, tokens)
+        return tokens, None
+
+    def _begin(self, n: int, k_max: int, next_token_ids: torch.Tensor, cad: Any, kwargs: dict) -> _Step:
+        """This step's batch: each row's request (by id), what vLLM accepted of its last window (told to the
+        policy), whether it drafts now, and its context for the features."""
+        runner = self._runner
+        ib = runner.input_batch
+        ids = list(ib.req_ids[:n])
+        for gone in [r for r in self.requests if r not in runner.requests]:  # finished or aborted: freed
+            state = self.requests.pop(gone)
+            if self.settings is not None and self.settings.keep_stats:
+                self.finished[gone] = state.stats
+        for rid in set(self.requests) - set(ids):  # preempted: its last window was never verified
+            self.requests[rid].window = []
+        rejected = kwargs.get("num_rejected_tokens_gpu")
+        rejected = rejected.tolist() if rejected is not None else [0] * n
+        qlen = np.diff(cad.query_start_loc_cpu[: n + 1].numpy())
+        nxt = next_token_ids.tolist()
+        states, tails = [], []
+        for i, rid in enumerate(ids):
+            seen = rid in self.requests
+            st = self.requests.setdefault(rid, RequestState(rid))
+            accepted = 0
+            if seen:
+                st.stats.target_forwards += 1  # this step's target forward (the prefill is not counted)
+            if st.window and 0 < qlen[i] - 1 <= len(st.window):  # a decode step verifying its last window
+                scheduled = int(qlen[i]) - 1
+                accepted = scheduled - int(rejected[i])
+                self.policy.update(st, scheduled, accepted)
+                st.stats.record_window(scheduled, accepted)
+            tails.append(st.window[:accepted] + [int(nxt[i])])  # what this step added to the request
+            st.window = []
+            states.append(st)
+        batch = Batch(states, self._load_view(n))
+        live = self.policy.drafts(batch).to(self.device)
+        context = lengths = gen0 = None
+        if self.policy.reads_features:
+            context, lengths, gen0 = self._contexts(ids, tails, k_max)
+        self.policy.start(batch, self.device)
+        return _Step(self, states, live, k_max, context, lengths, gen0)
+
+    def _contexts(self, ids: list[str], tails: list[list[int]], k_max: int):
+        """Each row's tokens so far (prompt, output, this step's accepted drafts and sampled token) as a (B, L)
+        tensor padded with -1 and room for the window; their lengths; the generated index of the first draft."""
+        runner = self._runner
+        ib = runner.input_batch
+        done = ib.num_tokens_no_spec[: len(ids)].astype(np.int64)  # vLLM's tokens before this step's
+        lengths = done + np.array([len(t) for t in tails], dtype=np.int64)
+        ctx = np.full((len(ids), int(lengths.max()) + k_max), -1, dtype=np.int64)
+        for i, tail in enumerate(tails):
+            ctx[i, : done[i]] = ib.token_ids_cpu[i, : done[i]]
+            ctx[i, done[i] : lengths[i]] = tail
+        prompt = np.array([runner.requests[r].num_prompt_tokens for r in ids], dtype=np.int64)
+        to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        return to(ctx), to(lengths), to(lengths - prompt)
+
+
+class _Step:
+    """One step's draft loop as disco sees it: which requests still draft, their tokens, each window's length."""
+
+    def __init__(
+        self,
+        proposer: Any,
+        states: list[RequestState],
+        live: torch.Tensor,
+        k_max: int,
+        context: torch.Tensor | None,
+        lengths: torch.Tensor | None,
+        gen0: torch.Tensor | None,
+    ) -> None:
+        self.proposer, self.states, self.live, self.k_max = proposer, states, live, k_max
+        self.context, self.lengths, self.gen0 = context, lengths, gen0
+        self.drafted = torch.zeros(len(states), dtype=torch.long, device=live.device)  # each window's length
+        self.tokens: list[torch.Tensor] = []
+        self.pos = 0
+        self.decide_s = 0.0
+
+    def after(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Draft position pos + 1 is in: which requests stop after it (raises _AllStopped when none goes on)."""
+        t0 = time.perf_counter()
+        self.pos += 1
+        self.tokens.append(tokens)
+        probs = logits.float().softmax(-1)
+        p_chosen = probs.gather(1, tokens[:, None])[:, 0]
+        feats = None
+        if self.context is not None:
+            assert self.lengths is not None and self.gen0 is not None
+            classes = self.proposer._classes
+            feats = batch_token_features(probs, tokens, self.gen0 + self.pos - 1, self.context, self.lengths, classes)
+            rows = torch.arange(len(tokens), device=tokens.device)
+            self.context[rows, self.lengths] = tokens  # the next position's context
+            self.lengths = self.lengths + 1
+        stop = self.proposer.policy.stops(self.pos, feats, p_chosen)
+        self.drafted = torch.where(self.live, self.pos, self.drafted)
+        self.live = self.live & ~stop
+        done = self.pos >= self.k_max or not bool(self.live.any())  # the decision's one host sync
+        self.decide_s += time.perf_counter() - t0
+        if done:
+            raise _AllStopped
+
+    def windows(self) -> list[list[int]]:
+        """Each request's draft tokens for vLLM (its own number), remembered for the next step."""
+        if not self.tokens:
+            return [[] for _ in self.states]
+        tokens = torch.stack(self.tokens, 1).tolist()
+        out = [row[:k] for row, k in zip(tokens, self.drafted.tolist())]
+        for st, window in zip(self.states, out):
+            st.window = window
+            st.stats.draft_forwards += len(window)  # its own positions (the batch may have run more, masked)
+        return out

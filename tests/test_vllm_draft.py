@@ -1,0 +1,415 @@
+"""disco's policy on vLLM's own batched draft (disco/vllm_proposer.py), on tiny float32 Qwen2 models in vLLM:
+lossless for every batched policy, a window per request (masked in the batch, keyed by vLLM's request id, freed
+with the request), the batched decisions equal the per-request ones, the batch-aware cost rule drafts less
+under load, `vllm serve` runs it through disco's vLLM plugin, and bad input fails in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_vllm import _free_port, _save, _stop, _wait_ready, tiny_vllm_qwen
+from tiny import EOS, perturbed
+
+from disco import vllm_proposer
+from disco.artifact import DenseModel, save_artifact
+from disco.batch_policy import Batch, BatchClassifier, RequestState
+from disco.classifier import ClassifierPolicy
+from disco.cost import CostModel
+from disco.engines.vllm import DISCO_DRAFT, SpecConfig
+from disco.errors import DiscoError
+from disco.features import FEATURES, TOKEN_FEATURES
+from disco.options import PairOptions
+from disco.pair import load_pair
+from disco.policy_registry import PolicySpec
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+PROMPTS = ["def add(a, b):\n    return", "Hello, world! The quick brown fox", "x = [1, 2, 3]", "ab", "zz top 12"]
+K_MAX = 6
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-draft")
+    target = tiny_vllm_qwen()
+    return _save(target, root / "target"), _save(perturbed(target, 0.03), root / "draft")
+
+
+@pytest.fixture(scope="module")
+def pair(folders):
+    target, draft = folders
+    p = load_pair(PairOptions(target=str(target), draft=str(draft), engine="vllm", dtype="float32"))
+    yield p
+    p.target_engine.close()
+
+
+@pytest.fixture(scope="module")
+def ids(pair):
+    return [pair.encode(p, False) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def spec(folders):
+    return SpecConfig(DISCO_DRAFT, K_MAX, str(folders[1]))
+
+
+@pytest.fixture(scope="module")
+def reference(pair, ids):
+    """vLLM target-only's greedy outputs, budgets 8..40 tokens: requests finish at different steps."""
+    return [_generate(pair, SpecConfig(), [i], 8 + 8 * n)[0][0] for n, i in enumerate(ids)]
+
+
+def _generate(pair, spec, prompts, max_tokens, temperature=0.0, seeds=None):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = pair.target_engine.llm(spec)
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=[EOS], seed=s)
+        for s in (seeds or [None] * len(prompts))
+    ]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs], [o.request_id for o in outs]
+
+
+def _budgets(pair, spec, ids):
+    """All prompts submitted together, each with its own budget (8..40 tokens)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = pair.target_engine.llm(spec)
+    params = [SamplingParams(temperature=0.0, max_tokens=8 + 8 * n, stop_token_ids=[EOS]) for n in range(len(ids))]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs], [o.request_id for o in outs]
+
+
+def _logistic_artifact(folder: Path, pair, rule: str = "token", setting: float = 0.5) -> Path:
+    """A hand-made logistic model over p_top1 and window_pos (P(accept) rises with the draft's confidence,
+    falls along the window), saved as a real artifact for this pair."""
+    cols = [FEATURES.index("p_top1"), FEATURES.index("window_pos")]
+    model = DenseModel(
+        "logistic", np.zeros(2), np.ones(2), [(np.array([[6.0], [-0.4]]), np.array([-2.0]))], "identity", cols
+    )
+    cost = CostModel(0.2, tuple(1.0 + 0.05 * k for k in range(K_MAX + 1)), "stub")
+    manifest = {"threshold": setting, "rule": rule, "pair": pair.describe(), "cost_model": cost.to_dict()}
+    return save_artifact(folder, model, manifest)
+
+
+def _consistent(stats, out: list[int]) -> None:
+    """A request's counts add up to its own output: 1 token from the prefill, then accepted + 1 per step, the
+    last step cut at the budget or EOS (by at most the window and the target's token)."""
+    made = 1 + stats.accepted + stats.target_forwards
+    assert made - (K_MAX + 1) < len(out) <= made
+    assert sum(stats.windows) == stats.drafted and 0 <= stats.accepted <= stats.drafted
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [PolicySpec("constant", k=3), PolicySpec("threshold", threshold=0.4), "classifier-token", "classifier-cost"],
+    ids=lambda p: p if isinstance(p, str) else p.name,
+)
+def test_lossless_with_requests_of_different_lengths(pair, ids, spec, reference, policy, tmp_path):
+    """Requests submitted together with budgets of 8..40 tokens end at different steps; every batched policy
+    gives vLLM target-only's output, and each request's counts add up to its own output."""
+    if isinstance(policy, str):
+        rule = policy.split("-")[1]
+        policy = PolicySpec("classifier", classifier=str(_logistic_artifact(tmp_path / "clf", pair, rule, 0.5)))
+    proposer = pair.target_engine.proposer(spec)
+    proposer.set_policy(policy)
+    outs, rids = _budgets(pair, spec, ids)
+    assert outs == reference
+    drafted = 0
+    for out, rid, prompt in zip(outs, rids, ids):
+        stats = proposer.stats_for(prompt, rid)
+        _consistent(stats, out)
+        drafted += stats.drafted
+    assert drafted > 0  # it did speculate
+
+
+class _StopAt:
+    """A stub batched policy: request i of the batch (by its id's position in `order`) stops after stops[i]
+    tokens, every window."""
+
+    name = "stop-at"
+    reads_features = False
+
+    def __init__(self, stops: dict[str, int]) -> None:
+        self.stops_of = stops
+
+    def drafts(self, batch: Batch) -> torch.Tensor:
+        self.rows = torch.tensor([self.stops_of[s.request_id.split("-")[0]] for s in batch.states])
+        return self.rows > 0
+
+    def start(self, batch, device) -> None:
+        pass
+
+    def stops(self, pos, feats, p_chosen):
+        return self.rows <= pos
+
+    def update(self, state, drafted, accepted) -> None:
+        pass
+
+
+def test_each_request_gets_its_own_window(pair, ids, spec, reference):
+    """Each request stops at its own fixed position: every window handed to vLLM at every step has exactly that
+    length (the batch drafts to the longest, the others masked), and vLLM verifies exactly that many."""
+    proposer = pair.target_engine.proposer(spec)
+    proposer.set_policy(PolicySpec("target"))
+    first = int(_generate(pair, spec, [ids[0]], 1)[1][0]) + 1
+    want = {str(first + n): n + 1 for n in range(len(ids))}  # vLLM numbers requests in submission order
+    proposer.policy = _StopAt(want)
+    seen: list[dict[str, int]] = []
+    begin = proposer._begin
+
+    def spy(*args, **kwargs):
+        step = begin(*args, **kwargs)
+        windows = step.windows
+
+        def recorded():
+            out = windows()
+            seen.append({s.request_id.split("-")[0]: len(w) for s, w in zip(step.states, out)})
+            return out
+
+        step.windows = recorded
+        return step
+
+    proposer._begin = spy
+    try:
+        outs, rids = _budgets(pair, spec, ids)
+    finally:
+        del proposer._begin
+    assert outs == reference
+    assert [set(s.values()) for s in seen[1:4]] == [set(range(1, len(ids) + 1))] * 3  # all five, ragged
+    for step in seen:
+        assert all(length == want[rid] for rid, length in step.items())
+    for out, rid, prompt in zip(outs, rids, ids):
+        stats = proposer.stats_for(prompt, rid)
+        assert set(stats.windows) == {want[rid]}  # verified at its own length, every window
+        _consistent(stats, out)
+
+
+def test_a_policy_that_never_drafts_is_target_only(pair, ids, spec, reference):
+    proposer = pair.target_engine.proposer(spec)
+    proposer.set_policy(PolicySpec("target"))
+    outs, rids = _budgets(pair, spec, ids)
+    assert outs == reference
+    for out, rid, prompt in zip(outs, rids, ids):
+        stats = proposer.stats_for(prompt, rid)
+        assert stats.drafted == 0 and stats.draft_forwards == 0 and stats.windows == []
+        assert stats.target_forwards == len(out) - 1  # one target step per token after the prefill's
+
+
+def test_same_prompt_sampled_and_a_second_turn_keep_their_own_state(pair, ids, spec):
+    """Four requests with one prompt at temperature 0.8 (different seeds) run together, then a second turn whose
+    prompt extends a finished first turn: each request's windows and counts are its own (keyed by vLLM's id)."""
+    proposer = pair.target_engine.proposer(spec)
+    proposer.set_policy(PolicySpec("threshold", threshold=0.4))
+    prompt = ids[1]
+    outs, rids = _generate(pair, spec, [prompt] * 4, 30, temperature=0.8, seeds=[1, 2, 3, 4])
+    assert len(set(map(tuple, outs))) > 1  # they did sample differently
+    for out, rid in zip(outs, rids):
+        _consistent(proposer.stats_for(prompt, rid), out)
+    turn2 = prompt + outs[0] + ids[2]
+    (out2,), (rid2,) = _generate(pair, spec, [turn2], 20)
+    stats2 = proposer.stats_for(turn2, rid2)
+    _consistent(stats2, out2)
+    assert proposer.requests == {} or all(s.stats.target_forwards < 30 for s in proposer.requests.values())
+
+
+def test_nothing_is_kept_per_finished_request(pair, ids, spec):
+    """500 requests served one after another in groups: the proposer holds no state for finished ones (it
+    holds the same after 500 as after 50)."""
+    proposer = pair.target_engine.proposer(spec)
+    proposer.set_policy(PolicySpec("threshold", threshold=0.4))
+    proposer.settings.keep_stats = False  # as under `vllm serve`
+    proposer.finished.clear()  # (earlier tests' counts, never asked for)
+    try:
+        sizes = []
+        for group in range(50):
+            _generate(pair, spec, [ids[(group + j) % len(ids)] for j in range(10)], 4)
+            if group in (4, 49):
+                sizes.append((len(proposer.requests), len(proposer.finished)))
+    finally:
+        proposer.settings.keep_stats = True
+    assert sizes[0] == sizes[1] and sizes[1][1] == 0 and sizes[1][0] <= 10
+
+
+def _rows(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.rand(n, len(TOKEN_FEATURES), generator=g)
+    return feats
+
+
+@pytest.mark.parametrize("rule", ["token", "cumulative", "cost", "cost-adaptive"])
+def test_batched_classifier_decides_as_the_per_request_one(rule):
+    """Each row of BatchClassifier stops where ClassifierPolicy, run on that row alone, stops (same model, rule
+    and setting, over several windows with their updates)."""
+    cost = CostModel(0.15, tuple(1.0 + 0.08 * k for k in range(9)), "stub")
+    setting = {"token": 0.55, "cumulative": 0.6, "cost": 1.3, "cost-adaptive": 1.0}[rule]
+    cols = [FEATURES.index(f) for f in ("p_top1", "window_pos", "window_prob_prod", "prev_accepted")]
+    W = np.array([[5.0], [-0.3], [1.0], [0.2]])
+    model = DenseModel("logistic", np.zeros(4), np.ones(4), [(W, np.array([-2.5]))], "identity", cols)
+    n = 6
+    batch_policy = BatchClassifier(model.torch_predictor(torch.device("cpu")), rule, setting, cost)
+    states = [RequestState(str(i)) for i in range(n)]
+    singles = [ClassifierPolicy(model, setting, rule=rule, cost=cost) for _ in range(n)]
+    for window in range(4):
+        tok = [_rows(n, 10 * window + pos) for pos in range(8)]
+        batch = Batch(states, cost)
+        live = batch_policy.drafts(batch)
+        batch_policy.start(batch, torch.device("cpu"))
+        lengths = torch.zeros(n, dtype=torch.long)
+        for pos in range(1, 9):
+            stop = batch_policy.stops(pos, tok[pos - 1], tok[pos - 1][:, TOKEN_FEATURES.index("p_chosen")])
+            lengths = torch.where(live, pos, lengths)
+            live = live & ~stop
+            if not live.any():
+                break
+        for i, single in enumerate(singles):
+            k = 0
+            if single.drafts():
+                single.start()
+                for pos in range(1, 9):
+                    k = pos
+                    if single.stops(single.p_accept(single.features(tok[pos - 1][i], pos))):
+                        break
+            assert k == int(lengths[i]), (window, i)
+            accepted = k // 2
+            single.update(k, accepted)
+            batch_policy.update(states[i], k, accepted)
+
+
+def test_batch_aware_cost_rule_drafts_less_as_concurrency_grows():
+    """A memory-bound stub profile (steps of up to 8 tokens cost one token's time): with P(accept) 0.8 the cost
+    rule's window shrinks as more requests share the step, to none at 8."""
+    c_step = tuple(1.0 if t <= 8 else 1.0 + 0.125 * (t - 8) for t in range(1, 8 * 9 + 1))
+    load = CostModel(0.05, c_step[:9], "stub", c_step)
+    policy = BatchClassifier(lambda x: torch.full(x.shape[:1], 0.8), "cost", 1.0, load)
+    windows = {}
+    for b in (1, 2, 4, 8):
+        batch = Batch([RequestState(str(i)) for i in range(b)], load.at_load(b, 8))
+        live = policy.drafts(batch)
+        policy.start(batch, torch.device("cpu"))
+        n = 0
+        while bool(live.any()) and n < 8:
+            n += 1
+            live = live & ~policy.stops(n, torch.full((b, len(TOKEN_FEATURES)), 0.8), torch.full((b,), 0.8))
+        windows[b] = n
+    assert windows == {1: 7, 2: 4, 4: 1, 8: 0}
+
+
+# --- bad input -----------------------------------------------------------------------------------------------
+
+
+def test_unsupported_vllm_version_in_one_line():
+    with pytest.raises(DiscoError, match=r"supports vLLM 0\.32 \(installed: 0\.33\.0\)"):
+        vllm_proposer.check_version("0.33.0")
+
+
+def test_policy_without_a_batched_form(pair, spec):
+    proposer = pair.target_engine.proposer(spec)
+    with pytest.raises(DiscoError, match="heuristic policy has no batched form"):
+        proposer.set_policy(PolicySpec("heuristic"))
+    proposer.set_policy(PolicySpec("target"))
+
+
+def test_artifact_for_another_pair(pair, spec, tmp_path):
+    folder = _logistic_artifact(tmp_path / "clf", pair)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["pair"]["tokenizer_hash"] = "0000000000000000"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    proposer = pair.target_engine.proposer(spec)
+    with pytest.raises(DiscoError, match="another tokenizer|modified"):
+        proposer.set_policy(PolicySpec("classifier", classifier=str(folder)))
+
+
+def test_async_scheduling_is_refused():
+    """Ragged drafts need synchronous scheduling (vLLM's CPU platform always turns async scheduling off; on GPUs
+    it is draft_model's default): a config with it on is refused in one line, as is a draft without full logits."""
+    from types import SimpleNamespace as NS
+
+    config = NS(scheduler_config=NS(async_scheduling=True))
+    with pytest.raises(DiscoError, match="--no-async-scheduling"):
+        vllm_proposer.check_config(config, NS())
+    config.scheduler_config.async_scheduling = False
+    vllm_proposer.check_config(config, NS(use_local_argmax_reduction=False))
+    with pytest.raises(DiscoError, match="full logits"):
+        vllm_proposer.check_config(config, NS(use_local_argmax_reduction=True))
+
+
+def test_missing_settings_file(monkeypatch, tmp_path):
+    monkeypatch.setenv(vllm_proposer.ENV, str(tmp_path / "nothing.json"))
+    with pytest.raises(DiscoError, match="does not exist"):
+        vllm_proposer.settings_from_env()
+
+
+# --- vllm serve -----------------------------------------------------------------------------------------------
+
+
+def _serve(
+    folders, settings: dict | None, port: int, tmp_path: Path, extra: list[str], settings_path: Path | None = None
+) -> subprocess.Popen:
+    target, draft = folders
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    settings_path = settings_path or tmp_path / "disco-vllm.json"
+    if settings is not None:
+        settings_path.write_text(json.dumps(settings))
+    env[vllm_proposer.ENV] = str(settings_path)
+    spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": K_MAX})
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--host", "127.0.0.1",
+        "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
+        "--speculative-config", spec, *extra,
+    ]  # fmt: skip
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 -- closed with the process
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+
+
+def test_vllm_serve_with_the_policy_on_vllms_draft(folders, pair, ids, tmp_path):
+    """`vllm serve` with disco's plugin and settings: concurrent greedy requests through the openai client equal
+    vLLM's target-only output; the server is stopped by the test."""
+    from openai import OpenAI
+
+    settings = {"policy": {"name": "threshold", "threshold": 0.4}}
+    port = _free_port()
+    proc = _serve(folders, settings, port, tmp_path, ["--no-async-scheduling"])
+    try:
+        assert _wait_ready(proc, port), (tmp_path / "server.log").read_text()[-3000:]
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=60, max_retries=0)
+
+        def ask(prompt_ids):
+            r = client.completions.create(
+                model=str(folders[0]), prompt=prompt_ids, max_tokens=24, temperature=0.0,
+                extra_body={"stop_token_ids": [EOS]},
+            )  # fmt: skip
+            return r.choices[0].text
+
+        with ThreadPoolExecutor(len(ids)) as pool:
+            got = list(pool.map(ask, ids))
+    finally:
+        _stop(proc)
+    assert proc.poll() is not None
+    log = (tmp_path / "server.log").read_text()
+    assert "disco: the threshold policy decides on vLLM's draft, per request" in log  # the plugin put it in
+    want, _ = pair.target_engine.generate_batch(SpecConfig(), ids, 24, pair.eos_token_ids, len(ids))
+    assert got == [pair.tokenizer.decode(w, skip_special_tokens=True) for w in want]
+
+
+def test_vllm_serve_with_a_missing_settings_file_stops_in_one_line(folders, tmp_path):
+    port = _free_port()
+    proc = _serve(folders, None, port, tmp_path, ["--no-async-scheduling"], settings_path=tmp_path / "nothing.json")
+    try:
+        assert not _wait_ready(proc, port, timeout=180)
+    finally:
+        _stop(proc)
+    lines = (tmp_path / "server.log").read_text().splitlines()
+    said = [line for line in lines if line.startswith("disco: ")]
+    assert len(said) == 1 and "nothing.json, which does not exist" in said[0]
