@@ -29,6 +29,9 @@ class CostModel:
     # a serving engine's load profile (vLLM): c_step[t - 1] = one target step over t tokens in all, the
     # batch's requests together (t = requests x (window + 1)); empty for a batch-of-one engine
     c_step: tuple[float, ...] = ()
+    # disco's policy on vLLM's own draft: c_draft[b - 1] = one batched draft position for b requests (the
+    # proposer drafts all running requests at once); empty when each request drafts on its own (c_d)
+    c_draft: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.c_d < 0 or not self.c_t or min(self.c_t) <= 0:
@@ -58,11 +61,16 @@ class CostModel:
             tuple(float(x) for x in data["c_t"]),
             source,
             tuple(float(x) for x in data.get("c_step", ())),
+            tuple(float(x) for x in data.get("c_draft", ())),
         )
 
     def to_dict(self) -> dict:
-        out = {"c_d": self.c_d, "c_t": list(self.c_t), "source": self.source}
-        return {**out, "c_step": list(self.c_step)} if self.c_step else out
+        out: dict = {"c_d": self.c_d, "c_t": list(self.c_t), "source": self.source}
+        if self.c_step:
+            out["c_step"] = list(self.c_step)
+        if self.c_draft:
+            out["c_draft"] = list(self.c_draft)
+        return out
 
     def at_load(self, batch: int, max_window: int = DEFAULT_MAX_WINDOW) -> CostModel:
         """The cost model of one request in a step of `batch` requests (docs/architecture.md, "vLLM"), for
@@ -71,7 +79,8 @@ class CostModel:
         requests verifies k tokens is C(batch x k) / batch: so c_t(1) = C(batch) / batch (a target-only
         step yields `batch` tokens), a window of k - 1 drafts adds (C(batch x k) - C(batch)) / batch, the
         extra compute of its tokens and of the others' alike windows shared, and each draft token costs c_d
-        (the proposer drafts request by request). Batch 1 is the profile itself. Windows of up to
+        (the side-engine proposer drafts request by request) or, on vLLM's own batched draft, its share of one
+        batched draft position, c_draft(batch) / batch. Batch 1 is the profile itself. Windows of up to
         max_window drafts (the rules look no further)."""
         if not self.c_step:
             raise DiscoError(f"the cost model ({self.source}) has no load profile (c_step): profile with --engine vllm")
@@ -82,7 +91,8 @@ class CostModel:
                 "requests with a draft each: profile with a larger --max-batch"
             )
         c_t = tuple(self.c_step[batch * k - 1] / batch for k in range(1, room + 1))
-        return CostModel(self.c_d, c_t, f"{self.source} at {batch} requests", self.c_step)
+        c_d = self.c_draft[min(batch, len(self.c_draft)) - 1] / batch if self.c_draft else self.c_d
+        return CostModel(c_d, c_t, f"{self.source} at {batch} requests", self.c_step, self.c_draft)
 
     def verify(self, k: int) -> float:
         if k > len(self.c_t):

@@ -60,6 +60,9 @@ class Shared:
     policy: PolicySpec = field(default_factory=lambda: PolicySpec("threshold"))
     load: CostModel | None = None  # a vLLM load profile (c_step): the cost rules decide per batch
     proposer: DiscoProposer | None = None  # the live proposer (compare reads its counts)
+    # keep finished requests' counts until asked for (in-process compare, profile, generate); under `vllm serve`
+    # nothing is kept per finished request (memory stays flat however many it serves)
+    keep_stats: bool = False
 
 
 SHARED = Shared()
@@ -136,7 +139,8 @@ class DiscoProposer:
         return t.fresh() if hasattr(t, "fresh") else self.spec.build(pair=self.pair, max_window=self.k_max)
 
     def _release(self, r: _Request) -> None:
-        self.finished.append(r)
+        if SHARED.keep_stats:
+            self.finished.append(r)
         self.spare_engines.append(r.engine)
 
     def stats_for(self, prompt: list[int], request_id: str | None = None) -> GenStats | None:
@@ -145,6 +149,8 @@ class DiscoProposer:
         for r in [*self.finished, *self.requests]:
             if len(r.prompt) > len(prompt) and r.prompt[: len(prompt)].tolist() == prompt and not r.reported:
                 r.reported = True
+                if r in self.finished:
+                    self.finished.remove(r)  # asked for once: not kept longer
                 return r.stats
         return None
 
@@ -320,7 +326,7 @@ def run_serving_compare(
     ref_row, others = rows[0], rows[1:]
     if not others:
         raise DiscoError("no row to run beside vLLM target-only: choose rows with --policies")
-    SHARED.pair, SHARED.load = pair, load
+    SHARED.pair, SHARED.load, SHARED.keep_stats = pair, load, True
     prompts = answer_first_turns(pair, prompts, config.max_new_tokens, chat, progress)  # mt-bench-2: turn 1 first
     ids = [pair.encode(p.prompt, chat) for p in prompts]
     results: dict[int, dict] = {}
@@ -447,10 +453,12 @@ def profile_load(
 ) -> dict:
     """Measure vLLM's step time C(t) for steps of t = b x (k + 1) tokens (b requests, each verifying k
     drafts of disco's proposer at a constant length) for b up to max_batch, k up to max_window, and the
-    proposer's draft step c_d. C(t) is the time from the end of one propose() to the start of the next:
+    proposer's draft cost. C(t) is the time from the end of one propose() to the start of the next:
     the target's batched forward, sampling and vLLM's scheduling, what a step costs beside the drafting.
-    Returns a profile (CostModel fields: c_d, c_t = C(1 .. max_window + 1), c_step = C(1 .. T) by linear
-    interpolation between the measured widths) with the points measured."""
+    The proposer is the one on vLLM's own draft when the pair has a draft folder (its draft forward timed
+    by batch size: c_draft[b - 1], one batched position for b requests), else the side-engine one (c_d, a
+    draft token of one request). Returns a profile (CostModel fields: c_d, c_t = C(1 .. max_window + 1),
+    c_step = C(1 .. T) by linear interpolation between the measured widths, c_draft) with the points measured."""
     import statistics
 
     from tqdm.auto import tqdm
@@ -460,10 +468,14 @@ def profile_load(
     from disco.profile import context_ids
 
     target = pair.target_engine
-    SHARED.pair, SHARED.load = pair, None
-    spec = SpecConfig("custom_class", max_window, PROPOSER)
-    llm = target.llm(spec, max_batch)
-    proposer = SHARED.proposer
+    SHARED.pair, SHARED.load, SHARED.keep_stats = pair, None, True
+    on_vllm_draft = target.draft_folder is not None
+    if on_vllm_draft:
+        spec = SpecConfig(DISCO_DRAFT, max_window, str(target.draft_folder))
+        llm, proposer = target.llm(spec, max_batch), target.proposer(spec, max_batch)
+    else:
+        spec = SpecConfig("custom_class", max_window, PROPOSER)
+        llm, proposer = target.llm(spec, max_batch), SHARED.proposer
     assert proposer is not None
     marks: list[tuple[float, float]] = []  # (entry, exit) of every propose() call
     inner = proposer.propose
@@ -479,6 +491,7 @@ def profile_load(
     windows = sorted({k for k in (0, 1, 2, 3, 4, 6, 8, 12, 16, 20) if k <= max_window} | {max_window})
     points: dict[int, float] = {}
     draft_s, drafts = 0.0, 0
+    per_batch: dict[int, list[float]] = {}  # vLLM's draft: seconds per batched draft position, by batch size
     grid = [(b, k) for b in batches for k in windows]
     for b, k in tqdm(grid, desc="timing vLLM steps", disable=not progress):
         proposer.set_policy(PolicySpec("constant", k=k) if k else PolicySpec("target"))
@@ -490,16 +503,26 @@ def profile_load(
         if gaps:
             t = b * (k + 1)
             points[t] = min(points.get(t, float("inf")), statistics.median(gaps))
-        draft_s += proposer.forward_s
-        drafts += sum(r.stats.draft_forwards for r in [*proposer.finished, *proposer.requests])
+        if on_vllm_draft:
+            if k and proposer.n_positions:
+                per_batch.setdefault(b, []).append(proposer.forward_s / proposer.n_positions)
+        else:
+            draft_s += proposer.forward_s
+            drafts += sum(r.stats.draft_forwards for r in [*proposer.finished, *proposer.requests])
     proposer.propose = inner  # type: ignore[method-assign]
-    proposer.set_policy(SHARED.policy, None)
+    proposer.set_policy(SHARED.policy if not on_vllm_draft else PolicySpec("target"), None)
     c_step = step_costs(points, max_batch * (max_window + 1))
     widths = sorted(points)
-    c_d = draft_s / max(drafts, 1)
-    cost = CostModel(c_d, tuple(c_step[: max_window + 1]), "profile", tuple(c_step))
+    c_draft: tuple[float, ...] = ()
+    if on_vllm_draft:  # one batched draft position for b = 1 .. max_batch requests (never cheaper for more)
+        c_draft = tuple(step_costs({b: min(v) for b, v in per_batch.items()}, max_batch))
+        c_d = c_draft[0]
+    else:
+        c_d = draft_s / max(drafts, 1)
+    cost = CostModel(c_d, tuple(c_step[: max_window + 1]), "profile", tuple(c_step), c_draft)
     return {
         **cost.to_dict(),
+        "proposer": "vllm draft" if on_vllm_draft else "side engine",
         "unit": "s",
         "c_d_ratio": c_d / c_step[0],
         "c_t_ratio": [c / c_step[0] for c in c_step[: max_window + 1]],
@@ -523,7 +546,7 @@ def serving_generate(
     `spec` (target-only for the target policy); each result's time is its share of the wall clock."""
     if config.temperature > 0:
         raise DiscoError("--engine vllm generates greedily here: drop --temperature (or serve with vLLM itself)")
-    SHARED.pair, SHARED.load = pair, load
+    SHARED.pair, SHARED.load, SHARED.keep_stats = pair, load, True
     target = pair.target_engine
     if spec.name == "target":
         row = ServingRow(spec.name, SpecConfig())

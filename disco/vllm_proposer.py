@@ -37,8 +37,10 @@ import torch
 from disco.batch_policy import Batch, BatchPolicy, RequestState
 from disco.cost import CostModel
 from disco.cpu import read_load_profile
+from disco.embedded import pair_name
 from disco.errors import DiscoError, said_in_one_line
 from disco.features import batch_token_features, token_class_table
+from disco.hub import load_tokenizer, tokenizer_hash
 from disco.policy_registry import BatchContext, PolicySpec
 
 ENV = "DISCO_VLLM_POLICY"  # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "profile": PATH, ...}
@@ -168,34 +170,25 @@ class _DiscoDraft:
         self.decide_s = 0.0  # in the policy (features, model, rule)
         self.forward_s = 0.0  # in vLLM's draft loop besides the policy (its forwards, sampling, metadata)
         self.n_positions = 0  # draft positions run (one batched forward each)
-        self.policy: BatchPolicy = spec.kind.batched(spec, BatchContext(self._pair_record(), self.device))
+        if getattr(self, "_pair", None) is None:  # (once: compare switches policies between runs)
+            self._pair, self._classes = self._pair_record(), None
+        self.policy: BatchPolicy = spec.kind.batched(spec, BatchContext(self._pair, self.device))
         self._views: dict[int, CostModel] = {}
-        self._classes: torch.Tensor | None = None
-        if self.policy.reads_features:
-            self._classes = self._token_classes()
-
-    def _tokenizer(self):
-        if getattr(self, "_tok", None) is None:
-            from disco.hub import load_tokenizer
-
-            self._tok = load_tokenizer(str(self.vllm_config.model_config.tokenizer))
-        return self._tok
+        if self.policy.reads_features and self._classes is None:
+            vocab = self.vllm_config.speculative_config.draft_model_config.get_vocab_size()
+            self._classes = token_class_table(self._tok, vocab).to(self.device)  # a few seconds for 150k tokens
 
     def _pair_record(self) -> dict:
-        """What the artifact check compares (Pair.describe()'s fields): the models, the tokenizer, the engine."""
-        from disco.hub import tokenizer_hash
-
+        """What the artifact check compares (Pair.describe()'s fields): the models (the embedded pair's files
+        recognised by content), the tokenizer, the engine."""
         spec = self.vllm_config.speculative_config
+        self._tok = load_tokenizer(str(self.vllm_config.model_config.tokenizer))
         return {
-            "target": str(self.vllm_config.model_config.model),
-            "draft": str(spec.draft_model_config.model),
-            "tokenizer_hash": tokenizer_hash(self._tokenizer()),
+            "target": pair_name(str(self.vllm_config.model_config.model)),
+            "draft": pair_name(str(spec.draft_model_config.model)),
+            "tokenizer_hash": tokenizer_hash(self._tok),
             "engine": {"name": "vllm", "dtype": str(spec.draft_model_config.dtype).removeprefix("torch.")},
         }
-
-    def _token_classes(self) -> torch.Tensor:
-        vocab = self.vllm_config.speculative_config.draft_model_config.get_vocab_size()
-        return token_class_table(self._tokenizer(), vocab).to(self.device)
 
     def _load_view(self, batch: int) -> CostModel | None:
         """The cost rules' cost model in a step of `batch` requests (CostModel.at_load), None without a profile."""

@@ -74,7 +74,7 @@ def folders(tmp_path_factory):
 def pair(folders):
     target, draft = folders
     p = load_pair(PairOptions(target=str(target), draft=str(draft), engine="vllm", dtype="float32"))
-    serving.SHARED.pair = p
+    serving.SHARED.pair, serving.SHARED.keep_stats = p, True  # in-process: the tests read the counts
     yield p
     p.target_engine.close()
 
@@ -147,6 +147,29 @@ def test_windows_follow_the_policy_per_request(pair, ids, reference):
         assert sum(stats.windows) == stats.drafted
         assert stats.draft_forwards - stats.drafted in (0, 1, 2)
         assert 0 <= stats.accepted <= stats.drafted
+
+
+def test_nothing_is_kept_per_finished_request(pair, ids):
+    """Under `vllm serve` (keep_stats off) the side-engine proposer keeps nothing per finished request: after
+    500 requests served in groups it holds what it held after 50."""
+    spec = SpecConfig("custom_class", 6, serving.PROPOSER)
+    llm = pair.target_engine.llm(spec)
+    proposer = serving.SHARED.proposer
+    proposer.set_policy(PolicySpec("threshold", threshold=0.4))
+    serving.SHARED.keep_stats = False
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    try:
+        sizes = []
+        for group in range(50):
+            prompts = [TokensPrompt(prompt_token_ids=ids[(group + j) % len(ids)]) for j in range(10)]
+            llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+            if group in (4, 49):
+                sizes.append((len(proposer.requests), len(proposer.finished), len(proposer.spare_engines)))
+    finally:
+        serving.SHARED.keep_stats = True
+    assert sizes[0] == sizes[1] and sizes[1][1] == 0
 
 
 def test_a_policy_that_never_drafts_is_target_only(pair, ids, reference):

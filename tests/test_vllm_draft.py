@@ -413,3 +413,25 @@ def test_vllm_serve_with_a_missing_settings_file_stops_in_one_line(folders, tmp_
     lines = (tmp_path / "server.log").read_text().splitlines()
     said = [line for line in lines if line.startswith("disco: ")]
     assert len(said) == 1 and "nothing.json, which does not exist" in said[0]
+
+
+def test_at_load_shares_a_batched_draft_position():
+    """On vLLM's own draft one position drafts every request at once: a request's share of it is c_draft(b) / b."""
+    c_step = tuple(1.0 + 0.01 * t for t in range(1, 40))
+    load = CostModel(0.3, c_step[:5], "stub", c_step, (0.3, 0.32, 0.34, 0.36))
+    assert load.at_load(1, 4).c_d == 0.3
+    assert load.at_load(4, 4).c_d == pytest.approx(0.36 / 4)
+    assert load.at_load(8, 3).c_d == pytest.approx(0.36 / 8)  # past the profile: its widest batch's cost
+    assert CostModel.from_dict(load.to_dict(), "again").c_draft == load.c_draft
+
+
+def test_profile_times_vllms_batched_draft(pair, spec):
+    """`disco profile --engine vllm` on a pair with a draft folder times vLLM's own draft by batch size."""
+    from disco.serving import profile_load
+
+    result = profile_load(pair, 3, 16, max_batch=2, steps=4, progress=False)
+    assert result["proposer"] == "vllm draft"
+    assert len(result["c_draft"]) == 2 and 0 < result["c_draft"][0] <= result["c_draft"][1]
+    assert result["c_d"] == result["c_draft"][0] and len(result["c_step"]) == 2 * 4
+    load = CostModel.from_dict(result, "profile")
+    assert load.at_load(2, 3).c_d == pytest.approx(result["c_draft"][1] / 2)

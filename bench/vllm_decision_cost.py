@@ -1,0 +1,49 @@
+"""What disco's decision costs on vLLM's own batched draft (bench/RESULTS.md, "Serving at scale"): the embedded pair
+in vLLM in-process (bf16), disco's proposer on vLLM's draft with each policy, test prompts submitted in groups of
+B = 1, 4, 8; per draft position, the policy's time for the whole batch (features, model, rule) against vLLM's
+batched draft forward (the rest of the draft loop). Rerun: python bench/vllm_decision_cost.py [N_PROMPTS]"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
+from disco.engines.vllm import DISCO_DRAFT, SpecConfig  # noqa: E402
+from disco.options import PairOptions  # noqa: E402
+from disco.pair import load_pair  # noqa: E402
+from disco.policy_registry import PolicySpec  # noqa: E402
+from disco.prompts import load_prompt_sources  # noqa: E402
+
+POLICIES = {
+    "threshold 0.5": PolicySpec("threshold", threshold=0.5),
+    "classifier (shipped vLLM artifact)": PolicySpec("classifier", classifier="models/embedded-qwen2.5-coder-vllm"),
+    "classifier, token rule": PolicySpec(
+        "classifier", classifier="models/embedded-qwen2.5-coder-vllm", classifier_rule="token"
+    ),
+}
+
+
+def main(n_prompts: int = 8) -> None:
+    pair = load_pair(PairOptions(engine="vllm"))
+    target = pair.target_engine
+    spec = SpecConfig(DISCO_DRAFT, 8, str(target.draft_folder))
+    proposer = target.proposer(spec, 8)
+    prompts = load_prompt_sources(["code-test", "explain-test", "write-test"])
+    ids = [pair.encode(p.prompt, None) for p in prompts][:n_prompts]
+    print("| policy | requests at once | draft positions | policy ms / position | draft forward ms / position | share |")
+    print("|---|---|---|---|---|---|")
+    for label, policy in POLICIES.items():
+        for b in (1, 4, 8):
+            proposer.set_policy(policy)
+            for start in range(0, len(ids), b):
+                target.generate_batch(spec, ids[start : start + b], 64, pair.eos_token_ids, b)
+            n = max(proposer.n_positions, 1)
+            decide, forward = 1000 * proposer.decide_s / n, 1000 * proposer.forward_s / n
+            print(f"| {label} | {b} | {n} | {decide:.2f} | {forward:.1f} | {decide / forward:.1%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:]))
