@@ -33,7 +33,9 @@ def main(n_prompts: int = 8) -> None:
     proposer = target.proposer(spec, 8)
     prompts = load_prompt_sources(["code-test", "explain-test", "write-test"])
     ids = [pair.encode(p.prompt, None) for p in prompts][:n_prompts]
-    print("| policy | requests at once | draft positions | policy ms / position | draft forward ms / position | share |")
+    print(
+        "| policy | requests at once | draft positions | policy ms / position | draft forward ms / position | share |"
+    )
     print("|---|---|---|---|---|---|")
     for label, policy in POLICIES.items():
         for b in (1, 4, 8):
