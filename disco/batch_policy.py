@@ -44,6 +44,9 @@ class Batch:
 
     states: list[RequestState]
     cost: CostModel | None = None  # the cost rules' cost model at this batch's load (CostModel.at_load)
+    # one more batched draft position for the whole batch (the load profile's c_draft at this batch size): the
+    # requests still drafting share it, so the last one drafting pays all of it; None: c_d per draft token
+    position_cost: float | None = None
 
 
 class BatchPolicy(Protocol):
@@ -55,8 +58,11 @@ class BatchPolicy(Protocol):
     def start(self, batch: Batch, device: torch.device) -> None: ...  # a new window for every request
 
     # after draft position `pos` (1-based): (B,) bool, stop after this token. feats: (B, len(TOKEN_FEATURES))
-    # (features.batch_token_features) or None; p_chosen: (B,) the draft's probability of each drafted token
-    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor: ...
+    # (features.batch_token_features) or None; p_chosen: (B,) the draft's probability of each drafted token;
+    # live: (B,) the requests that drafted this token (the others' answers are ignored)
+    def stops(
+        self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor, live: torch.Tensor
+    ) -> torch.Tensor: ...
 
     def update(self, state: RequestState, drafted: int, accepted: int) -> None: ...
 
@@ -84,7 +90,7 @@ class BatchTarget(_Fixed):
     def drafts(self, batch: Batch) -> torch.Tensor:
         return torch.zeros(len(batch.states), dtype=torch.bool)
 
-    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor:
+    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(p_chosen, dtype=torch.bool)
 
 
@@ -96,7 +102,7 @@ class BatchConstant(_Fixed):
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor:
+    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
         return torch.full_like(p_chosen, pos >= self.k, dtype=torch.bool)
 
 
@@ -108,7 +114,7 @@ class BatchThreshold(_Fixed):
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold
 
-    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor:
+    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
         return p_chosen < self.threshold
 
 
@@ -170,7 +176,7 @@ class BatchClassifier:
         pos_col = torch.full((n, 1), float(pos), device=p_chosen.device)
         return torch.cat([pos_col, self._prod[:, None], self._prev[:, None], signals], 1)
 
-    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor) -> torch.Tensor:
+    def stops(self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
         assert feats is not None and feats.shape[1] == len(TOKEN_FEATURES)
         feats = torch.cat([feats, self.window_features(pos, feats[:, _P_CHOSEN])], 1)  # FEATURES, in order
         p = self.predict(feats).double()
@@ -179,7 +185,10 @@ class BatchClassifier:
             return p < self.setting
         if self.rule == "cumulative":
             return 1.0 - self._survive > self.setting
-        return ~_pays(self._costs(), pos, self._survive, p, self._rate())
+        c_d = None
+        if self._batch.position_cost is not None:  # vLLM's draft: the next position is shared by those drafting
+            c_d = self._batch.position_cost / max(int(live.sum()), 1)
+        return ~_pays(self._costs(), pos, self._survive, p, self._rate(), c_d)
 
     def update(self, state: RequestState, drafted: int, accepted: int) -> None:
         if drafted > 0:  # classifier.ClassifierPolicy.update (WindowState.end, the forecast)
@@ -188,17 +197,21 @@ class BatchClassifier:
             state.forecast = FORECAST_KEEP * state.forecast + (1 - FORECAST_KEEP) * accepted / judged
 
 
-def _pays(c: CostModel, i: int, survive: torch.Tensor, forecast: torch.Tensor, rho: float) -> torch.Tensor:
+def _pays(
+    c: CostModel, i: int, survive: torch.Tensor, forecast: torch.Tensor, rho: float, c_d: float | None = None
+) -> torch.Tensor:
     """classifier.ClassifierPolicy._pays for every row: does some window longer than i tokens (the next ones
     accepted at `forecast` each, the i so far with probability `survive`) gain more expected tokens than its
-    extra cost at rate rho? The same products and sums in the same order (cumprod, cumsum) in float64."""
+    extra cost at rate rho? The same products and sums in the same order (cumprod, cumsum) in float64. c_d: a
+    draft token's cost when not the cost model's own (a share of a batched position)."""
     n = survive.shape[0]
     top = len(c.c_t)
     if i + 1 >= top:
         return torch.zeros(n, dtype=torch.bool, device=survive.device)
-    base = i * c.c_d + c.c_t[min(i, top - 1)]
+    c_d = c.c_d if c_d is None else c_d
+    base = i * c_d + c.c_t[min(i, top - 1)]
     m = range(i + 1, top)
-    extra = torch.tensor([rho * (j * c.c_d + c.c_t[j] - base) for j in m], dtype=torch.float64, device=survive.device)
+    extra = torch.tensor([rho * (j * c_d + c.c_t[j] - base) for j in m], dtype=torch.float64, device=survive.device)
     a = forecast.double()[:, None].expand(n, len(m)).cumprod(1)
     gain = (survive.double()[:, None] * a).cumsum(1)
     return (gain > extra).any(1)

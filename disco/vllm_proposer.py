@@ -209,6 +209,12 @@ class _DiscoDraft:
                     return got if table is self.finished else got.stats
         return None
 
+    def _position_cost(self, batch: int) -> float | None:
+        """One batched draft position at this batch size (the load profile's c_draft), None without one."""
+        if self.load is None or not self.load.c_draft:
+            return None
+        return self.load.c_draft[min(batch, len(self.load.c_draft)) - 1]
+
     # --- vLLM's draft loop --------------------------------------------------------------------------
 
     def propose(self, num_speculative_tokens: int, *args: Any, **kwargs: Any):  # type: ignore[override]
@@ -269,7 +275,7 @@ class _DiscoDraft:
             tails.append(st.window[:accepted] + [int(nxt[i])])  # what this step added to the request
             st.window = []
             states.append(st)
-        batch = Batch(states, self._load_view(n))
+        batch = Batch(states, self._load_view(n), self._position_cost(n))
         live = self.policy.drafts(batch).to(self.device)
         context = lengths = gen0 = None
         if self.policy.reads_features:
@@ -328,7 +334,7 @@ class _Step:
             rows = torch.arange(len(tokens), device=tokens.device)
             self.context[rows, self.lengths] = tokens  # the next position's context
             self.lengths = self.lengths + 1
-        stop = self.proposer.policy.stops(self.pos, feats, p_chosen)
+        stop = self.proposer.policy.stops(self.pos, feats, p_chosen, self.live)
         self.drafted = torch.where(self.live, self.pos, self.drafted)
         self.live = self.live & ~stop
         done = self.pos >= self.k_max or not bool(self.live.any())  # the decision's one host sync

@@ -151,7 +151,7 @@ class _StopAt:
     def start(self, batch, device) -> None:
         pass
 
-    def stops(self, pos, feats, p_chosen):
+    def stops(self, pos, feats, p_chosen, live):
         return self.rows <= pos
 
     def update(self, state, drafted, accepted) -> None:
@@ -268,7 +268,7 @@ def test_batched_classifier_decides_as_the_per_request_one(rule):
         batch_policy.start(batch, torch.device("cpu"))
         lengths = torch.zeros(n, dtype=torch.long)
         for pos in range(1, 9):
-            stop = batch_policy.stops(pos, tok[pos - 1], tok[pos - 1][:, TOKEN_FEATURES.index("p_chosen")])
+            stop = batch_policy.stops(pos, tok[pos - 1], tok[pos - 1][:, TOKEN_FEATURES.index("p_chosen")], live)
             lengths = torch.where(live, pos, lengths)
             live = live & ~stop
             if not live.any():
@@ -301,7 +301,8 @@ def test_batch_aware_cost_rule_drafts_less_as_concurrency_grows():
         n = 0
         while bool(live.any()) and n < 8:
             n += 1
-            live = live & ~policy.stops(n, torch.full((b, len(TOKEN_FEATURES)), 0.8), torch.full((b,), 0.8))
+            feats, p = torch.full((b, len(TOKEN_FEATURES)), 0.8), torch.full((b,), 0.8)
+            live = live & ~policy.stops(n, feats, p, live)
         windows[b] = n
     assert windows == {1: 7, 2: 4, 4: 1, 8: 0}
 
@@ -435,3 +436,30 @@ def test_profile_times_vllms_batched_draft(pair, spec):
     assert result["c_d"] == result["c_draft"][0] and len(result["c_step"]) == 2 * 4
     load = CostModel.from_dict(result, "profile")
     assert load.at_load(2, 3).c_d == pytest.approx(result["c_draft"][1] / 2)
+
+
+def test_the_last_request_drafting_pays_the_whole_position():
+    """On vLLM's draft a position costs one batched forward whatever the number of requests still drafting: with
+    the position's cost given, a confident request drafts on while others share the position, and stops sooner
+    once it alone would pay for it."""
+    c_step = tuple(1.0 if t <= 16 else 1.0 + 0.05 * (t - 16) for t in range(1, 4 * 9 + 1))
+    load = CostModel(0.1, c_step[:9], "stub", c_step, (0.4,) * 4)
+    confident = torch.tensor([0.97, 0.97, 0.97, 0.97])
+
+    def window(live_from_start: list[bool], position_cost: float | None) -> int:
+        """The first request's window when the others stop at once (live_from_start[1:] False) or never."""
+        policy = BatchClassifier(lambda x: confident.double(), "cost", 1.0, load)
+        batch = Batch([RequestState(str(i)) for i in range(4)], load.at_load(4, 8), position_cost)
+        live = policy.drafts(batch) & torch.tensor(live_from_start)
+        policy.start(batch, torch.device("cpu"))
+        n = 0
+        while bool(live[0]) and n < 8:
+            n += 1
+            feats = torch.full((4, len(TOKEN_FEATURES)), 0.9)
+            live = live & ~policy.stops(n, feats, torch.full((4,), 0.9), live)
+        return n
+
+    shared = window([True] * 4, 0.4)
+    alone = window([True, False, False, False], 0.4)
+    assert alone < shared  # alone it pays the whole 0.4 per position, sharing it 0.1
+    assert window([True] * 4, None) == window([True, False, False, False], None)  # per-token c_d: no difference
