@@ -8,6 +8,7 @@ Below the policies: the cost rules (classifier.py) decide with it, the simulator
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,7 @@ class CostModel:
             out["c_draft"] = list(self.c_draft)
         return out
 
+    @functools.lru_cache(maxsize=256)  # noqa: B019 -- a proposer asks for the same few views every step
     def at_load(self, batch: int, max_window: int = DEFAULT_MAX_WINDOW) -> CostModel:
         """The cost model of one request in a step of `batch` requests (docs/architecture.md, "vLLM"), for
         the cost rules, which weigh a window's expected tokens against its extra cost at the rate of a
@@ -114,3 +116,9 @@ class CostModel:
     def baseline(self, stats: GenStats) -> float:
         """Target-only decoding of the same tokens: one c_t(1) per generated token."""
         return stats.new_tokens * self.c_t[0]
+
+
+def load_view(load: CostModel | None, batch: int, max_window: int) -> CostModel | None:
+    """The cost rules' cost model in a step of `batch` requests (CostModel.at_load), None without a load profile
+    or a request."""
+    return load.at_load(batch, max_window) if load is not None and batch >= 1 else None

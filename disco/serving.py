@@ -1,6 +1,8 @@
-"""disco's policy inside vLLM's speculative decoding, and `disco compare --engine vllm` (docs/architecture.md, "vLLM").
+"""disco's policy inside vLLM's speculative decoding: the side-engine proposer, and `disco compare`/`profile`/
+`generate --engine vllm` (docs/architecture.md, "vLLM"). The proposer on vLLM's own batched draft is
+vllm_proposer.py; compare runs both.
 
-vLLM loads the proposer by name:
+The side-engine proposer: vLLM loads it by name:
 
     speculative_config = {"method": "custom_class", "model": "disco.serving.DiscoProposer",
                           "num_speculative_tokens": MAX}
@@ -21,8 +23,6 @@ The policy and pair come from the process (compare sets them: vLLM's engine core
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from disco import vllm_proposer
 from disco.answers import answer_first_turns
-from disco.cost import CostModel
+from disco.cost import CostModel, load_view
 from disco.cpu import read_load_profile, this_machine
 from disco.decode import DecodeConfig, Drafter
 from disco.defaults import DEFAULT_VLLM_MAX_SEQS, DEFAULT_VLLM_PROPOSERS
@@ -44,9 +45,10 @@ from disco.policy import StoppingPolicy, decide_now
 from disco.policy_registry import PolicySpec
 from disco.rounds import draft_window, end_round, leading_run
 from disco.stats import GenResult, GenStats
+from disco.vllm_proposer import read_settings
 
 PROPOSER = "disco.serving.DiscoProposer"
-ENV = "DISCO_VLLM_POLICY"  # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "pair": {...}, "profile": ...}
+ENV = vllm_proposer.ENV  # the settings JSON: {"policy": {PolicySpec fields}, "pair": {...}, "profile": ...}
 GREEDY = DecodeConfig()  # the proposer drafts each request's most likely tokens (vLLM verifies, also when sampling)
 STALE_STEPS = 4  # a request absent from this many steps in a row has finished: its draft session is freed
 _WARNED: set[str] = set()  # classifiers already told they read target signals vLLM cannot give (once each)
@@ -123,7 +125,6 @@ class DiscoProposer:
                 "proposer: they stay at their first-window values; for vLLM train with --no-target-signals",
                 file=sys.stderr,
             )
-        self._views: dict[int, CostModel] = {}
         for r in self.requests:
             self._release(r)
         self.requests = []
@@ -177,7 +178,7 @@ class DiscoProposer:
     ) -> list[list[int]]:
         """Each running request's draft tokens for this step (vLLM 0.32's custom_class interface: row i's
         tokens so far are token_ids_cpu[i, :num_tokens_no_spec[i]], this step's sampled ones included)."""
-        self._view = self._load_view(sum(1 for s in sampled_token_ids if s))
+        self._view = load_view(self.load, sum(1 for s in sampled_token_ids if s), self.k_max)
         out: list[list[int]] = []
         rows: list[_Request | None] = []
         used: set[int] = set()
@@ -198,14 +199,6 @@ class DiscoProposer:
             self.requests.remove(r)
             self._release(r)
         return out
-
-    def _load_view(self, batch: int) -> CostModel | None:
-        """The cost rules' cost model for a step of `batch` requests: the load profile's view (CostModel.at_load)."""
-        if self.load is None or batch < 1:
-            return None
-        if batch not in self._views:
-            self._views[batch] = self.load.at_load(batch, self.k_max)
-        return self._views[batch]
 
     def _draft(self, r: _Request, ctx: np.ndarray) -> list[int]:
         """One request's round: (5) tell its policy how much of the last window vLLM kept, roll its draft
@@ -248,19 +241,7 @@ class DiscoProposer:
 
 def _load_shared_from_env() -> None:
     """`vllm serve` with disco's proposer: the pair and policy named by the DISCO_VLLM_POLICY JSON."""
-    raw = os.environ.get(ENV)
-    if not raw:
-        raise DiscoError(
-            f"disco's vLLM proposer needs its settings: set {ENV} to a JSON file such as "
-            '{"policy": {"name": "classifier", "classifier": "models/NAME"}, "pair": {"target": ..., "draft": ...}}'
-        )
-    try:
-        text = Path(raw).read_text() if not raw.lstrip().startswith("{") else raw
-        settings = json.loads(text)
-    except FileNotFoundError:
-        raise DiscoError(f"{ENV} names {raw}, which does not exist: give the proposer's settings file") from None
-    except ValueError as e:
-        raise DiscoError(f"{ENV} is not valid JSON ({e}): fix the proposer's settings") from None
+    settings = read_settings()  # (the same file as the proposer on vLLM's draft reads, with the side pair)
     from disco.options import PairOptions
     from disco.pair import load_pair
 
@@ -280,8 +261,9 @@ def _load_shared_from_env() -> None:
 
 def serving_rows(pair: Pair, entries: list, max_window: int, settings: dict) -> list[ServingRow]:
     """vLLM's own rows (target-only first: the reference; its draft-model decoding at fixed lengths), then
-    each of compare's policy entries as disco's proposer inside vLLM ("vllm + POLICY"). The oracle needs
-    the target's output in advance and has no vLLM row."""
+    each of compare's policy entries as disco's proposers inside vLLM: on vLLM's own draft ("vllm draft +
+    POLICY", where the pair has a draft folder and the policy a batched form) and on the side engine ("vllm +
+    POLICY"), as settings["proposers"] asks. The oracle needs the target's output in advance and has no vLLM row."""
     target = pair.target_engine
     rows = target.serving_rows(settings)
     side = SpecConfig("custom_class", max_window, PROPOSER)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from disco.batch_policy import Batch, BatchPolicy, RequestState
-from disco.cost import CostModel
+from disco.cost import CostModel, load_view
 from disco.cpu import read_load_profile
 from disco.embedded import pair_name
 from disco.errors import DiscoError, said_in_one_line
@@ -93,16 +93,26 @@ def arm(settings: Settings | None) -> None:
     _ARMED = settings
 
 
-def settings_from_env() -> Settings:
-    """`vllm serve`: the policy (and load profile) named by the DISCO_VLLM_POLICY JSON."""
+def read_settings() -> dict:
+    """The DISCO_VLLM_POLICY JSON (a file, or the JSON itself) both of disco's vLLM proposers read."""
     raw = os.environ.get(ENV, "")
+    if not raw:
+        raise DiscoError(
+            f"disco's vLLM proposer needs its settings: set {ENV} to a JSON file such as "
+            '{"policy": {"name": "classifier", "classifier": "models/NAME"}}'
+        )
     try:
         text = Path(raw).read_text() if not raw.lstrip().startswith("{") else raw
-        data = json.loads(text)
+        return json.loads(text)
     except FileNotFoundError:
         raise DiscoError(f"{ENV} names {raw}, which does not exist: give the proposer's settings file") from None
     except ValueError as e:
         raise DiscoError(f"{ENV} is not valid JSON ({e}): fix the proposer's settings") from None
+
+
+def settings_from_env() -> Settings:
+    """`vllm serve`: the policy (and load profile) named by the DISCO_VLLM_POLICY JSON."""
+    data = read_settings()
     policy = data.get("policy") or {"name": "threshold"}
     load = read_load_profile(data["profile"]) if data.get("profile") else None  # (warns when measured elsewhere)
     return Settings(PolicySpec(**policy), load)
@@ -173,7 +183,6 @@ class _DiscoDraft:
         if getattr(self, "_pair", None) is None:  # (once: compare switches policies between runs)
             self._pair, self._classes = self._pair_record(), None
         self.policy: BatchPolicy = spec.kind.batched(spec, BatchContext(self._pair, self.device))
-        self._views: dict[int, CostModel] = {}
         if self.policy.reads_features and self._classes is None:
             vocab = self.vllm_config.speculative_config.draft_model_config.get_vocab_size()
             self._classes = token_class_table(self._tok, vocab).to(self.device)  # a few seconds for 150k tokens
@@ -190,15 +199,11 @@ class _DiscoDraft:
             "engine": {"name": "vllm", "dtype": str(spec.draft_model_config.dtype).removeprefix("torch.")},
         }
 
-    def _load_view(self, batch: int) -> CostModel | None:
-        """The cost rules' cost model in a step of `batch` requests (CostModel.at_load), None without a profile."""
-        if self.load is None or batch < 1:
+    def _position_cost(self, batch: int) -> float | None:
+        """One batched draft position at this batch size (the load profile's c_draft), None without one."""
+        if self.load is None or not self.load.c_draft:
             return None
-        if batch not in self._views:
-            self._views[batch] = self.load.at_load(
-                batch, int(self.vllm_config.speculative_config.num_speculative_tokens)
-            )
-        return self._views[batch]
+        return self.load.c_draft[min(batch, len(self.load.c_draft)) - 1]
 
     def stats_for(self, prompt: list[int], request_id: str) -> Any:
         """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once."""
@@ -208,12 +213,6 @@ class _DiscoDraft:
                     got = table.pop(rid)
                     return got if table is self.finished else got.stats
         return None
-
-    def _position_cost(self, batch: int) -> float | None:
-        """One batched draft position at this batch size (the load profile's c_draft), None without one."""
-        if self.load is None or not self.load.c_draft:
-            return None
-        return self.load.c_draft[min(batch, len(self.load.c_draft)) - 1]
 
     # --- vLLM's draft loop --------------------------------------------------------------------------
 
@@ -275,7 +274,8 @@ class _DiscoDraft:
             tails.append(st.window[:accepted] + [int(nxt[i])])  # what this step added to the request
             st.window = []
             states.append(st)
-        batch = Batch(states, self._load_view(n), self._position_cost(n))
+        k_most = int(self.vllm_config.speculative_config.num_speculative_tokens)
+        batch = Batch(states, load_view(self.load, n, k_most), self._position_cost(n))
         live = self.policy.drafts(batch).to(self.device)
         context = lengths = gen0 = None
         if self.policy.reads_features:
