@@ -213,6 +213,9 @@ class DiscoProposer:
         m = min(len(r.fed), len(ctx))
         agree = r.fed[:m] == ctx[:m]
         same = m if agree.all() else int(np.argmin(agree))  # the draft's tokens still on the request's path
+        # a window vLLM did not verify (it scheduled no drafts this step) whose first token the target then chose
+        # itself leaves the request's tokens a prefix of the session's: re-feed the last one, the next draft's input
+        same = min(same, len(ctx) - 1)
         if r.drafter.session is not None:
             r.drafter.session.truncate(same)
         r.fed = r.fed[:same]

@@ -172,6 +172,22 @@ def test_nothing_is_kept_per_finished_request(pair, ids):
     assert sizes[0] == sizes[1] and sizes[1][1] == 0
 
 
+def test_a_window_vllm_did_not_verify_is_drafted_on(pair, ids):
+    """vLLM may schedule no drafts for a request in a step (its token budget); when the target's own token then
+    equals the window's first draft, the request's tokens are a prefix of what the draft session holds: the
+    proposer drafts on from them (it crashed there under `vllm serve`: nothing left to feed)."""
+    spec = SpecConfig("custom_class", 6, serving.PROPOSER)
+    pair.target_engine.llm(spec)
+    proposer = serving.SHARED.proposer
+    proposer.set_policy(PolicySpec("constant", k=3))
+    ctx = np.asarray(ids[0] + [5], dtype=np.int64)  # the prompt and its first sampled token
+    first = proposer.propose([[5]], np.array([len(ctx)]), ctx[None, :])[0]
+    assert len(first) == 3
+    unverified = np.concatenate([ctx, first[:1]])  # no draft verified; the target chose the first draft itself
+    again = proposer.propose([[first[0]]], np.array([len(unverified)]), unverified[None, :])[0]
+    assert len(again) == 3 and again[:2] == first[1:]  # the same draft model, the same path: the same tokens
+
+
 def test_a_policy_that_never_drafts_is_target_only(pair, ids, reference):
     outs, proposer, _ = _run(pair, ids, PolicySpec("target"))
     assert outs == reference
