@@ -1,7 +1,7 @@
 """What disco's decision costs on vLLM's own batched draft (bench/RESULTS.md, "Serving at scale"): the embedded pair
 in vLLM in-process (bf16), disco's proposer on vLLM's draft with each policy, test prompts submitted in groups of
 B = 1, 4, 8; per draft position, the policy's time for the whole batch (features, model, rule) against vLLM's
-batched draft forward (the rest of the draft loop). Rerun: python bench/vllm_decision_cost.py [N_PROMPTS]"""
+batched draft forward (the rest of the draft loop). Rerun: python bench/vllm_decision_cost.py [N_PROMPTS [TOKENS]]"""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ POLICIES = {
 }
 
 
-def main(n_prompts: int = 8) -> None:
+def main(n_prompts: int = 8, tokens: int = 64) -> None:
     pair = load_pair(PairOptions(engine="vllm"))
     target = pair.target_engine
     spec = SpecConfig(DISCO_DRAFT, 8, str(target.draft_folder))
@@ -41,7 +41,7 @@ def main(n_prompts: int = 8) -> None:
         for b in (1, 4, 8):
             proposer.set_policy(policy)
             for start in range(0, len(ids), b):
-                target.generate_batch(spec, ids[start : start + b], 64, pair.eos_token_ids, b)
+                target.generate_batch(spec, ids[start : start + b], tokens, pair.eos_token_ids, b)
             n = max(proposer.n_positions, 1)
             decide, forward = 1000 * proposer.decide_s / n, 1000 * proposer.forward_s / n
             print(f"| {label} | {b} | {n} | {decide:.2f} | {forward:.1f} | {decide / forward:.1%} |", flush=True)
