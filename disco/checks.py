@@ -4,7 +4,8 @@ loads is refused here, so no one waits minutes for an error a look at the option
 Each CLI command calls `check_options(command, locals())` first. Checked here:
 - every numeric option's range (settings.RANGES, under its flag: FLAGS), with one wording for all commands;
 - options that do not apply: an engine's option on the other engine (--verify, --draft-quant,
-  --threads are llama.cpp's; --cache, --compile, --cpu-backend, --dtype are torch's) and --top-p
+  --threads are llama.cpp's; --cache, --compile, --cpu-backend, --dtype are torch's;
+  --tensor-parallel-size and collect's --max-batch vLLM's) and --top-p
   under greedy decoding are REFUSED, in both directions alike (a silently ignored option is a
   silently wrong run: the user believes it took effect);
 - outputs (disco/files.py): the destination can be written and is the right kind of thing;
@@ -46,6 +47,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "repeats": ("--repeats", "repeats"),
     "warmup": ("--warmup", "warmup"),
     "per_task": ("--per-task", "per_task"),
+    "max_batch": ("--max-batch", "max_batch"),
+    "tensor_parallel_size": ("--tensor-parallel-size", "tensor_parallel_size"),
 }
 # train and profile measure or simulate windows: one draft token at least
 _WINDOWED = {"train", "profile"}
@@ -69,6 +72,8 @@ def check_options(command: str, options: dict[str, Any]) -> None:
         o.update(vars(spec), policy=spec.name)
     check_ranges(command, o)
     engine = check_engine_options(o) if "engine" in o else None
+    if command == "collect" and engine is not None:
+        check_batching(o, engine)
     if o.get("temperature", None) == 0 and o.get("top_p", 1.0) != 1.0:
         raise DiscoError(
             f"--top-p {o['top_p']:g} applies to sampling only and this run decodes greedily: drop --top-p, "
@@ -133,6 +138,17 @@ def check_engine_options(o: dict[str, Any]) -> str:
         if path is not None and str(path).endswith(".gguf") and Path(path).expanduser().is_file():
             check_gguf(Path(path).expanduser(), role)
     return engine
+
+
+def check_batching(o: dict[str, Any], engine: str) -> None:
+    """collect --max-batch: only an engine that decodes by itself batches its continuations (disco's loop
+    decodes one prompt at a time)."""
+    from disco.defaults import DEFAULT_COLLECT_MAX_BATCH
+    from disco.engines.registry import ENGINE_KINDS
+
+    if o.get("max_batch", DEFAULT_COLLECT_MAX_BATCH) != DEFAULT_COLLECT_MAX_BATCH and not ENGINE_KINDS[engine].serving:
+        owner = next(name for name, kind in ENGINE_KINDS.items() if kind.serving)
+        raise _refuse(f"--max-batch {o['max_batch']}", owner, engine)
 
 
 def check_gguf(path: Path, role: str = "model") -> None:

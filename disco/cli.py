@@ -25,6 +25,7 @@ from disco.defaults import (
     DEFAULT_ANCHOR,
     DEFAULT_BALANCED,
     DEFAULT_CACHE,
+    DEFAULT_COLLECT_MAX_BATCH,
     DEFAULT_COMPARE_OUT,
     DEFAULT_CONCURRENCY,
     DEFAULT_CONTEXT,
@@ -150,8 +151,8 @@ _CHAT_OPT = typer.Option(
 _ENGINE_OPT = typer.Option(
     DEFAULT_ENGINE,
     help="auto (llama.cpp for GGUF files and the embedded pair on the CPU; "
-    "torch for model ids, folders and CUDA), torch (transformers) or llama.cpp "
-    "(llama-cpp-python).",
+    "torch for model ids, folders and CUDA), torch (transformers), llama.cpp "
+    "(llama-cpp-python) or vllm (the serving engine; only when named).",
 )
 
 # The options of every command that loads a pair: options.PairOptions, field by field.
@@ -237,6 +238,14 @@ _PAIR_OPTIONS: dict[str, tuple[Any, Any]] = {
             help="llama.cpp engine: weight repacking into CPU-friendly layouts (faster). auto: on, unless a probe in a "
             "child process (once per file, llama.cpp build and CPU, cached) saw it crash or give non-finite logits; on: "
             "insist (refused where the probe failed); off: never (slower, never crashes in repacked kernels).",
+        ),
+    ),
+    "tensor_parallel_size": (
+        int,
+        typer.Option(
+            1,
+            help="vllm engine: GPUs the target is split across (vLLM's own --tensor-parallel-size, passed through; "
+            "untested here: no GPU was lent).",
         ),
     ),
 }
@@ -572,13 +581,20 @@ def collect(
         DEFAULT_SHARD_PROMPTS,
         help="Prompts per Parquet shard (a hard kill loses at most this many, or 2 minutes of work).",
     ),
+    max_batch: int = typer.Option(
+        DEFAULT_COLLECT_MAX_BATCH,
+        help="vllm engine: requests vLLM decodes at once (continuous batching over all the prompts).",
+    ),
     options: PairOptions = None,
 ) -> None:
     """Oracle traces: draft features with accept/reject labels at every position of the target's
     output (greedy, or sampled with --temperature: then also the acceptance probability
     min(1, p/q) of each drafted token). Rerun the same command to resume. Several processes split the prompts:
     `accelerate launch --num_processes N cli.py collect …` (GPUs) or
-    `torchrun --standalone --nproc_per_node N cli.py collect …` (also on CPU)."""
+    `torchrun --standalone --nproc_per_node N cli.py collect …` (also on CPU). With --engine vllm every
+    continuation comes from one batched vLLM run (--max-batch requests at once), the features from the draft
+    as vLLM's speculative decoding runs it; greedy traces then have no target-side signals (train them with
+    --no-target-signals)."""
     check_options("collect", locals())
     from disco.collect import collect as run_collect
     from disco.launch import distributed
@@ -603,6 +619,7 @@ def collect(
             dist=dist,
             sources=prompts,
             shard_prompts=shard_prompts,
+            max_batch=max_batch,
         )
     _say(stats.summary())
     if stats.manifest is not None:

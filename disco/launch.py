@@ -51,14 +51,21 @@ class Dist:
         torch.distributed.barrier()
         return (other or main)()
 
+    def release(self) -> None:
+        """End the launch's group once the ranks are past their start-up barriers (they never synchronise
+        after that): a serving engine started in this process (vLLM, each rank its own instance) takes
+        torch.distributed's default group for its own world, and would take a live launch group for it."""
+        if self.world > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
 
 @contextlib.contextmanager
 def distributed() -> Iterator[Dist]:
     """This process's rank and world size, from RANK / WORLD_SIZE as torchrun and `accelerate launch` set them.
 
     With several processes: each uses GPU LOCAL_RANK (when there are GPUs), and a gloo group
-    serves the barriers at start-up (model loading, preparing the folder). Nothing is
-    synchronised after that, so a slow or killed rank never stalls or kills the others."""
+    serves the barriers at start-up (model loading, preparing the folder); `Dist.release` ends it
+    then. Nothing is synchronised after that, so a slow or killed rank never stalls or kills the others."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         yield Dist()
@@ -68,10 +75,12 @@ def distributed() -> Iterator[Dist]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     # Rank 0 may first prepare the embedded pair (minutes): a generous timeout for the first barrier.
     torch.distributed.init_process_group("gloo", timeout=timedelta(hours=2))
+    group = torch.distributed.group.WORLD
     try:
         yield Dist(rank, world)
-    finally:
-        torch.distributed.destroy_process_group()
+    finally:  # unless Dist.release ended it (a group there now is vLLM's: it ends it itself)
+        if torch.distributed.is_initialized() and torch.distributed.group.WORLD is group:
+            torch.distributed.destroy_process_group()
 
 
 def _lock_token(dist: Dist) -> str:

@@ -29,7 +29,7 @@ class PairOptions:
     pair_file: Path | None = None  # configs/pairs/*.yaml: target, draft, dtype, chat (explicit options override it)
     device: str = DEFAULT_DEVICE  # auto, cpu or cuda
     dtype: str = DEFAULT_DTYPE  # auto, float32, bfloat16 or float16 (torch engine)
-    engine: str = DEFAULT_ENGINE  # auto, torch or llama.cpp
+    engine: str = DEFAULT_ENGINE  # auto, torch, llama.cpp or vllm
     cpu_backend: str = DEFAULT_CPU_BACKEND  # torch on the CPU: how Linear layers compute (cpu.py)
     cache: str = DEFAULT_CACHE  # torch: static, dynamic or auto KV caches
     compile: bool | None = None  # torch, static caches: captured steps (None: on for static caches on cuda)
@@ -37,3 +37,4 @@ class PairOptions:
     verify: str = DEFAULT_VERIFY  # llama.cpp: exact or fast verification
     draft_quant: str = DEFAULT_DRAFT_QUANT  # llama.cpp: re-quantize the draft (auto, none, q4_0, q8_0)
     repack: str = DEFAULT_REPACK  # llama.cpp: weight repacking (auto: probed once per file, build and CPU)
+    tensor_parallel_size: int = 1  # vLLM: GPUs the target is split across (vLLM's own option, passed through)

@@ -57,6 +57,8 @@ RANGES: dict[str, Range] = {
     "repeats": at_least(1),
     "warmup": at_least(0),
     "per_task": at_least(1),
+    "max_batch": at_least(1),
+    "tensor_parallel_size": at_least(1),
 }
 
 

@@ -77,9 +77,12 @@ SIGNAL_COLUMNS = ("target_prob_target", "target_entropy", "draft_prob_target")
 
 
 def signal_columns(df: pd.DataFrame) -> list[str] | None:
-    """The columns that hold SIGNAL_COLUMNS in these traces (None: they have no target-side signals)."""
+    """The columns that hold SIGNAL_COLUMNS in these traces (None: they have no target-side signals: older
+    traces lack the columns, traces of an engine that does not show the target's distribution hold NaN there)."""
     cols = [c if c in df.columns or c != "target_prob_target" else "target_top1" for c in SIGNAL_COLUMNS]
-    return cols if all(c in df.columns for c in cols) else None
+    if not all(c in df.columns for c in cols) or df[cols].isna().to_numpy().any():
+        return None
+    return cols
 
 
 # --- traces ----------------------------------------------------------------------------------

@@ -63,6 +63,9 @@ LABEL_COLUMNS = (
     "target_prob_target",  # float: the target's probability of target_token (= target_top1 under greedy)
     "draft_prob_target",  # float: the draft's probability of target_token
 )
+# Traces of an engine that does not show the target's distribution (vLLM's greedy continuations: the manifest's
+# collection.target_signals is false) hold NaN in the target-side columns above (target_prob, accept_prob,
+# overlap, target_top1, target_entropy, target_prob_target) and in the TARGET_SIGNALS features.
 HIDDEN_COLUMN = "draft_hidden"  # bytes: the draft's last hidden state here, float16 (manifest "hidden")
 # gen_pos is both an id column and a feature: listed once.
 COLUMNS = ID_COLUMNS + tuple(f for f in FEATURES if f not in ID_COLUMNS) + LABEL_COLUMNS + (HIDDEN_COLUMN,)

@@ -51,6 +51,11 @@ def train(cfg: TrainConfig) -> TrainReport:
     """Fit, tune and report (docs/architecture.md, "Data flow"); writes the artifact to cfg.out."""
     cost = _check(cfg)
     data = load_trace_data(cfg.traces)
+    if cfg.target_signals and data.without_signals:  # asked to fit on what the traces do not hold
+        raise DiscoError(
+            f"the traces {data.without_signals[0]} hold no target-side signals, which the last_* features need: "
+            "train with --no-target-signals (a policy that does not read them, as vLLM's proposer runs it)"
+        )
     if not cfg.target_signals:  # a policy for an engine that cannot show it the target's probabilities
         data.features = [i for i in data.features if FEATURES[i] not in TARGET_SIGNALS]
     s = _split(cfg, data)

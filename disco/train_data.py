@@ -91,6 +91,9 @@ class TraceData:
     features: list[int]  # indices of the FEATURES the traces hold (older traces lack the target signals)
     hidden: dict | None = None  # the traces' hidden-state record (features.hidden_info); None: no hidden states
     sampling: dict = field(default_factory=lambda: {"temperature": 0.0, "top_p": 1.0})  # what the traces decoded with
+    # the sources without target-side signals, each as "PATH (why)": a model cannot read the TARGET_SIGNALS
+    # features there (train refuses them unless --no-target-signals)
+    without_signals: list[str] = field(default_factory=list)
 
     @property
     def sampled(self) -> bool:
@@ -139,8 +142,14 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
             f"the traces were collected under different sampling settings ({shown}): train one "
             "classifier per setting (acceptance depends on it)"
         )
-    # Older traces (disco-trace/1) lack the target-side signals: train on the features all sources have.
-    signals = all(all(c in src.rows.columns for c in TARGET_SIGNALS) and signal_columns(src.rows) for src in sources)
+    # Older traces (disco-trace/1) lack the target-side signals, and so do traces of an engine that does not show
+    # the target's distribution (vLLM: NaN there): train on the features all sources have.
+    without = [
+        f"{src.path} ({_why_no_signals(src.manifest)})"
+        for src in sources
+        if not (all(c in src.rows.columns for c in TARGET_SIGNALS) and signal_columns(src.rows))
+    ]
+    signals = not without
     features = [i for i, f in enumerate(FEATURES) if signals or f not in TARGET_SIGNALS]
     rows = pd.concat([src.rows.assign(_source=i) for i, src in enumerate(sources)], ignore_index=True)
     for f in FEATURES:
@@ -162,8 +171,16 @@ def load_trace_data(paths: Sequence[str | Path]) -> TraceData:
     if rows["prompt_id"].nunique() < 2:
         raise DiscoError("the traces hold a single prompt: training needs at least two (split by prompt)")
     return TraceData(
-        rows, [src.max_new_tokens for src in sources], manifests, pairs[0], features, hidden[0], sampling[0]
+        rows, [src.max_new_tokens for src in sources], manifests, pairs[0], features, hidden[0], sampling[0], without
     )
+
+
+def _why_no_signals(manifest: dict | None) -> str:
+    collection = (manifest or {}).get("collection") or {}
+    if collection.get("target_signals") is False:
+        engine = ((manifest or {}).get("pair") or {}).get("engine") or {}
+        return f"collected on {engine.get('name', 'an engine')}, which does not show the target's probabilities"
+    return "collected by an older disco"
 
 
 def split_by_prompt(

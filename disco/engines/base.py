@@ -18,7 +18,7 @@ agree with one-token decoding, or say in `describe()` that it does not (llama.cp
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -116,6 +116,39 @@ class PairParts:
     eos_token_ids: frozenset[int]  # generation stops after any of these
 
 
+@dataclass
+class Continuation:
+    """One prompt's target continuation, as `disco collect` traces it (docs/architecture.md, "Data flow")."""
+
+    tokens: list[int]  # y: the target's output (greedy, or sampled with the prompt's seed), EOS included if it stopped
+    # (len(y), vocab) the target's logits at every position of y, as its generation computed them; None: the
+    # engine does not show them (vLLM): the collector asks ContinuationSource.scorer, or records no target side
+    target_logits: torch.Tensor | None = None
+
+
+class ContinuationSource(Protocol):
+    """Where `disco collect` gets the target's continuations: disco's own loop, one prompt at a time
+    (collect.LoopContinuations), or an engine that decodes by itself, all prompts in one batched run
+    (EngineKind.continuations: vLLM's engines.vllm.VllmContinuations). The collector asks it for a list of
+    prompts and traces each continuation as it comes."""
+
+    # the pair as the collector traces it: its draft is the engine whose teacher-forced forward gives the
+    # features (the draft as the engine's speculative decoding runs it), its describe() what the manifest records
+    pair: Any
+    # the engine whose teacher-forced forward gives the target's distribution over a continuation that came
+    # without it (sampled traces need it for their labels); None: not available (greedy traces then have no
+    # target side: no target-side columns, no target signals)
+    scorer: Any
+
+    # (index in prompts, its continuation) as each finishes; configs: each prompt's decode.DecodeConfig (its own
+    # seed when sampling). Closing the generator early (an error, Ctrl-C) drops the requests still running.
+    def continuations(
+        self, prompts: Sequence[list[int]], configs: Sequence[Any]
+    ) -> Generator[tuple[int, Continuation], None, None]: ...
+
+    def record(self) -> dict: ...  # the trace manifest's "collection": how continuations and features were made
+
+
 @dataclass(frozen=True)
 class EngineKind:
     """One registry entry (engines/registry.py): how to load a pair on this engine and what it claims."""
@@ -134,6 +167,9 @@ class EngineKind:
     # decodes by itself (vLLM): not driven by disco's loop; compare runs its serving rows, groups of prompts
     # submitted together (serving.py)
     serving: bool = False
+    # `disco collect`'s continuations on this engine: (pair, the run's decode.DecodeConfig, max_batch) -> a
+    # ContinuationSource; None: disco's own loop (collect.LoopContinuations)
+    continuations: Callable[[Any, Any, int], ContinuationSource] | None = None
 
 
 # describe() fields that change how fast an engine runs, not the numbers it computes: llama.cpp's

@@ -13,14 +13,16 @@ pair is
 Its rows in `disco compare` are "serving rows": each decodes a group of prompts submitted together
 (`--concurrency`), so their time is the group's wall clock. Greedy output is compared with vLLM's own
 target-only output (its batched verification may round differently: the mismatch rate is reported).
+`disco collect --engine vllm` gets every prompt's continuation from one batched vLLM run (`VllmContinuations`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Generator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ import torch
 from disco import embedded, vllm_proposer
 from disco.cpu import draft_threads
 from disco.defaults import DEFAULT_CACHE, DEFAULT_DRAFT_QUANT, DEFAULT_VLLM_KV_GIB, DEFAULT_VLLM_MAX_SEQS
-from disco.engines.base import EngineKind, PairParts, Variant
+from disco.engines.base import Continuation, EngineKind, PairParts, Variant
 from disco.engines.llamacpp import EMBEDDED_DRAFT_QUANT, LlamaCppEngine, is_gguf, requantized
 from disco.engines.torch_engine import TorchEngine
 from disco.errors import DiscoError
@@ -56,6 +58,19 @@ def _in_process() -> None:
     """vLLM's engine core runs in this process (not a spawned one): the proposer then shares disco's loaded
     draft and the policy compare sets per row, and no script needs a __main__ guard."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _check_no_launch_group() -> None:
+    """vLLM takes torch.distributed's default group for its own world (one process, or its tensor-parallel
+    workers): a launch's group still live in this process (torchrun ranks before launch.Dist.release) would be
+    taken for it, and the ranks would hang or fail deep in vLLM."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise DiscoError(
+            f"vLLM cannot start while this process is one of {dist.get_world_size()} ranks of a launch "
+            "still synchronising (torchrun, accelerate launch): run this in one process (mt-bench-2's first turns: "
+            "answer them once in a single-process run; they are cached)"
+        )
 
 
 DISCO_DRAFT = "disco-draft"  # SpecConfig.method: disco's policy on vLLM's own draft (vllm_proposer.py)
@@ -91,9 +106,13 @@ class VllmTarget:
         dtype: str,
         max_model_len: int,
         kv_gib: float = DEFAULT_VLLM_KV_GIB,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self.folder, self.draft_folder, self.dtype = folder, draft_folder, dtype
-        self.max_model_len, self.kv_gib = max_model_len, kv_gib
+        self.max_model_len, self.kv_gib, self.tensor_parallel_size = max_model_len, kv_gib, tensor_parallel_size
+        # set: every instance runs at most this many requests at once, whoever asks first (collect --max-batch);
+        # None: as the first caller asks
+        self.max_num_seqs: int | None = None
         self._config = load_config(str(folder))
         self._llms: dict[tuple, Any] = {}
         self._proposers: dict[tuple, Any] = {}  # DISCO_DRAFT instances' proposers (vllm_proposer.DiscoDraftProposer)
@@ -106,7 +125,9 @@ class VllmTarget:
         key = (spec.method, spec.k, spec.model)
         if key not in self._llms:
             vllm = vllm_module()
+            _check_no_launch_group()
             _in_process()
+            max_num_seqs = self.max_num_seqs or max_num_seqs
             # on CPUs vLLM reserves this much host RAM for each instance's KV cache
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.kv_gib:g}")
             disco_draft = spec.method == DISCO_DRAFT
@@ -126,6 +147,7 @@ class VllmTarget:
                     max_num_seqs=max_num_seqs,
                     speculative_config=spec.to_vllm(),
                     seed=0,
+                    tensor_parallel_size=self.tensor_parallel_size,  # GPUs (untested here: no GPU was lent)
                     **({"async_scheduling": False} if disco_draft else {}),
                 )
             except (RuntimeError, ValueError) as e:
@@ -194,13 +216,20 @@ class VllmTarget:
 
     def session(self, prompt, use_cache: bool = True, hidden: bool = False, capacity: int | None = None):
         raise DiscoError(
-            "vLLM runs its own decoding loop, not disco's: use `disco compare --engine vllm` or `vllm serve` "
-            "with disco's proposer (README, 'Serving with vLLM'); collect traces on --engine torch or llama.cpp"
+            "vLLM runs its own decoding loop, not disco's: use `disco compare --engine vllm`, `disco collect "
+            "--engine vllm` or `vllm serve` with disco's proposer (README, 'Serving with vLLM')"
         )
 
     def describe(self) -> dict:
         vllm = vllm_module()
-        return {"name": NAME, "version": vllm.__version__, "dtype": self.dtype, "threads": torch.get_num_threads()}
+        tp = {"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size > 1 else {}
+        return {
+            "name": NAME,
+            "version": vllm.__version__,
+            "dtype": self.dtype,
+            "threads": torch.get_num_threads(),
+            **tp,  # splits a matmul's sums across devices: other rounding
+        }
 
     def warm_up(self, capacity: int) -> float:
         return 0.0  # enforce_eager: nothing compiled
@@ -255,6 +284,103 @@ class ServingRow:
         return [GenResult(o, GenStats(new_tokens=len(o))) for o in outs], ids, wall
 
 
+# --- disco collect: every prompt's continuation from one batched run ------------------------------------
+
+
+class VllmContinuations:
+    """`disco collect --engine vllm` (docs/architecture.md, "vLLM", collection; engines.base.ContinuationSource):
+    every prompt's target continuation from one target-only vLLM instance that runs at most `max_batch` requests
+    at once (continuous batching: a finished request's place goes to the next prompt at the next step), handed
+    to the collector as each request finishes, so the finished prompts are traced and written while the others run.
+
+    The features come from the draft as vLLM's speculative decoding runs it: vLLM's `draft_model` method, and
+    disco's proposer on it (vllm_proposer.py), load the draft folder in the target's dtype; so the collector's
+    draft is that folder on the torch engine in that dtype (bf16 on CPUs). vLLM's kernels round differently from
+    torch's, but the weights and dtype are the proposer's, torch needs no second vLLM instance, and it gives the
+    draft's hidden states. A GGUF draft (no folder) runs only in the side-engine proposer (serving.DiscoProposer),
+    on the pair's own llama.cpp draft: the features then come from that one.
+
+    The target's distribution stays inside vLLM (its full-vocabulary log-probabilities per token would cost more
+    than the generation). Greedy traces do without it: the labels need y alone, and the target-side columns and
+    the TARGET_SIGNALS features are NaN (the manifest's collection.target_signals false), which a policy for vLLM
+    never reads (train --no-target-signals; `disco train` refuses the signals such traces lack). Sampled traces
+    need it for their labels (collect.coupled_draft): one teacher-forced forward of the target folder on torch in
+    vLLM's dtype per prompt (`scorer`; the target is then loaded twice)."""
+
+    def __init__(self, pair: Any, config: Any, max_batch: int) -> None:
+        target: VllmTarget = pair.target_engine
+        self.target, self.max_batch = target, max_batch
+        target.max_num_seqs = max_batch  # the instance (built on first use) runs at most this many at once
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # GPUs: untested (no GPU lent)
+        dtype = torch.bfloat16 if target.dtype == "bfloat16" else torch.float32
+        if target.draft_folder is not None:
+            draft: Any = load_model(str(target.draft_folder), device, dtype)
+            self.features = (
+                f"torch {target.dtype} on {target.draft_folder}: the draft as vLLM's draft_model proposer loads it "
+                "(in the target's dtype)"
+            )
+            self.pair = replace(pair, draft=draft, device=device, dtype=dtype)
+        else:  # a GGUF draft: only the side-engine proposer runs it, on this engine
+            self.features = f"{pair.draft.name} on {pair.draft_name}: the draft as the side-engine proposer runs it"
+            self.pair, device = pair, pair.device
+        self.scorer: Any = None
+        self.target_distribution = "none: vLLM does not show it (no target-side columns, no target signals)"
+        if config.temperature > 0:  # the labels of a sampled trace need p (collect.coupled_draft)
+            self.scorer = load_model(str(target.folder), device, dtype)
+            self.target_distribution = f"torch {target.dtype} teacher-forced forward of {target.folder}"
+
+    def record(self) -> dict:
+        return {
+            "continuations": f"vllm: one batched run, at most {self.max_batch} requests at once",
+            "features": self.features,
+            "target_distribution": self.target_distribution,
+            "target_signals": self.scorer is not None,
+        }
+
+    def continuations(
+        self, prompts: Sequence[list[int]], configs: Sequence[Any]
+    ) -> Generator[tuple[int, Continuation], None, None]:
+        # the instance starts (once) here, before the collector asks for the first continuation: not timed as generation
+        return self._stream(self.target.llm(SpecConfig(), self.max_batch), prompts, configs)
+
+    def _stream(
+        self, llm: Any, prompts: Sequence[list[int]], configs: Sequence[Any]
+    ) -> Generator[tuple[int, Continuation], None, None]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        eos = sorted(self.pair.eos_token_ids)
+        params = [
+            SamplingParams(
+                max_tokens=c.max_new_tokens,
+                temperature=c.temperature,
+                top_p=c.top_p if c.temperature > 0 else 1.0,
+                seed=c.seed if c.temperature > 0 else None,  # the prompt's own stream (collect.prompt_seed)
+                stop_token_ids=eos,
+                detokenize=False,  # token ids are all the collector reads
+            )
+            for c in configs
+        ]
+        # vLLM's scheduler takes them in this order, at most max_num_seqs at once; LLM.generate would return only
+        # when all are done, so the engine is stepped here and each request handed over as it finishes
+        ids = llm.enqueue([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        engine = llm.llm_engine
+        pending = dict(zip(ids, range(len(ids))))  # vLLM's id (its own suffix added) -> index in prompts
+        by_output = {rid.split("-", 1)[0]: rid for rid in ids}  # outputs carry the id without the suffix
+        try:
+            while pending:
+                if not engine.has_unfinished_requests():
+                    raise DiscoError(f"vLLM ended with {len(pending)} request(s) of this collection unanswered")
+                for out in engine.step():
+                    rid = by_output.get(out.request_id)
+                    if out.finished and rid in pending:
+                        yield pending.pop(rid), Continuation(list(out.outputs[0].token_ids))
+        finally:  # closed early (an error, Ctrl-C, a kill): drop the requests still running
+            if pending:
+                with contextlib.suppress(Exception):  # never hiding the error that closed it
+                    engine.abort_request(list(pending), internal=True)
+
+
 # --- loading a pair on this engine --------------------------------------------------------------------
 
 
@@ -300,7 +426,7 @@ def load_pair(options: PairOptions) -> PairParts:
     dtype = "float32" if options.dtype == "float32" else "bfloat16"
     config = load_config(str(target_dir))
     max_len = min(int(getattr(config, "max_position_embeddings", 4096)), 4096)
-    target = VllmTarget(target_dir, draft_folder, dtype, max_len)
+    target = VllmTarget(target_dir, draft_folder, dtype, max_len, tensor_parallel_size=options.tensor_parallel_size)
     target.check_pairable(draft)
     eos = eos_ids(_ConfigOnly(target_dir), tokenizer)
     return PairParts(target, draft, tokenizer, names[0], names[1], target.device, torch.float32, eos)
@@ -333,7 +459,9 @@ KIND = EngineKind(
     claims_auto=lambda target, draft, cuda: False,  # only when named: vLLM is an optional install
     check_device=_check_device,
     anchor_names=("vllm",),  # --policies vllm: its own rows (target-only's is always there, the draft-model ones)
+    owned_options=(("tensor_parallel_size", "--tensor-parallel-size"),),
     select_hint="--engine vllm",
     shares_options=("dtype", "threads", "draft_quant", "repack"),
     serving=True,
+    continuations=VllmContinuations,  # collect: one batched run
 )
