@@ -64,10 +64,10 @@ def check_options(command: str, options: dict[str, Any]) -> None:
     """Refuse, with one line naming the option and the fix, whatever `command` cannot run with.
     options: the command's parameters (its locals), the shared PairOptions and DecodeConfig among them."""
     o = dict(options)
-    for shared in (o.pop("options", None), o.pop("config", None)):  # cli.pair_options / cli.decode_options
+    for shared in (o.pop("options", None), o.pop("config", None)):  # cli_options.pair_options / decode_options
         if shared is not None:
             o.update(vars(shared))
-    spec = o.pop("spec", None)  # cli.policy_options: a PolicySpec (its own policy's knobs already checked)
+    spec = o.pop("spec", None)  # cli_options.policy_options: a PolicySpec (its own policy's knobs already checked)
     if spec is not None:
         o.update(vars(spec), policy=spec.name)
     check_ranges(command, o)

@@ -1,0 +1,240 @@
+"""What `disco generate`, `compare`, `collect` and `profile` do once their options are parsed and checked.
+
+disco.cli parses a command's options, refuses what disco.checks refuses, and calls the function of the same name
+here: load the prompts and the pair, run the stage (the serving one when the engine decodes by itself), print
+what it found and write its files. Stdout gets the results (text, tables), stderr the progress lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from disco.errors import DiscoError
+from disco.options import PairOptions
+
+if TYPE_CHECKING:
+    from disco.decode import DecodeConfig
+    from disco.policy_registry import PolicySpec
+
+
+def _say(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+def generate(
+    prompt: Optional[str],
+    prompts: Optional[str],
+    spec: PolicySpec,
+    config: DecodeConfig,
+    chat: Optional[bool],
+    limit: Optional[int],
+    json_out: Optional[Path],
+    options: PairOptions,
+) -> None:
+    """`disco generate`: one prompt or a prompt set under one policy; text on stdout, stats on stderr."""
+    from disco.decode import generate as run_generate
+    from disco.files import atomic_write_json, write_or_rescue
+    from disco.pair import apply_pair_file, load_pair
+    from disco.prompts import Prompt, load_prompt_sources
+
+    if (prompt is None) == (prompts is None):
+        raise DiscoError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    config.validate()
+    items = [Prompt("prompt", "default", prompt)] if prompt is not None else load_prompt_sources([prompts], limit)
+    options, chat = apply_pair_file(options, chat)
+    _say("loading the pair …")
+    pair = load_pair(options)
+    from disco.answers import answer_first_turns
+
+    items = answer_first_turns(pair, items, config.max_new_tokens, chat)  # mt-bench-2: the first turns' answers
+    compile_s = pair.warm_up(max(len(pair.encode(i.prompt, chat)) for i in items) + config.max_new_tokens)
+    if compile_s:
+        _say(f"compiled the captured steps in {compile_s:.1f}s (once; not in the timings below)")
+    records = []
+    served = None
+    if pair.serving:  # vLLM decodes by itself: the prompts go in together, disco's proposer inside
+        from disco.serving import serving_generate
+
+        served = serving_generate(pair, [pair.encode(i.prompt, chat) for i in items], spec, config)
+    for n, item in enumerate(items):
+        res = served[n] if served is not None else run_generate(pair, item.prompt, spec, config, chat)
+        text = pair.decode(res.tokens)
+        typer.echo(text if len(items) == 1 else f"--- {item.id}\n{text}")
+        _say(f"[{spec.name}] {res.stats.summary()}")
+        if spec.name == "classifier" and res.stats.draft_forwards == 0 and res.stats.new_tokens > 1:
+            _say(
+                "[classifier] drafted nothing: the artifact's cost rule found that no draft window pays under the "
+                "cost model it was trained with (its metrics.md); on other hardware, `disco profile` and retrain"
+            )
+        records.append(
+            {
+                "id": item.id,
+                "task": item.task,
+                "policy": spec.name,
+                "text": text,
+                "token_ids": res.tokens,
+                "stats": res.stats.to_dict(),
+            }
+        )
+    if json_out is not None:
+        result = {"pair": pair.describe(), "config": config.__dict__, "results": records}
+        write_or_rescue(json_out, lambda path: atomic_write_json(path, result), "results file")
+        _say(f"wrote {json_out}")
+
+
+def compare(
+    prompts: list[str],
+    out: Path,
+    classifier: Optional[list[str]],
+    tuned_k: Optional[int],
+    tuned_threshold: Optional[float],
+    anchor: bool,
+    server_p_min: Optional[float],
+    server_n_max: Optional[int],
+    policies: Optional[str],
+    limit: Optional[int],
+    config: DecodeConfig,
+    seeds: int,
+    chat: Optional[bool],
+    concurrency: str,
+    fixed_k: str,
+    load_profile: Optional[Path],
+    options: PairOptions,
+) -> None:
+    """`disco compare`: every row on the same prompts; the tables on stdout, compare.json and plots under `out`."""
+    from disco.compare import check_seeds, default_entries, format_tables, run_compare, select_entries
+    from disco.pair import apply_pair_file, load_pair
+    from disco.prompts import load_prompt_sources
+
+    config.validate()
+    check_seeds(seeds, config.temperature)
+    select_entries([], policies)  # a mistyped name fails before the models load
+    items = load_prompt_sources(prompts, limit)
+    tuned: dict = {}
+    classifiers = classifier or []
+    first = classifiers[0] if classifiers else None
+    if first is not None:  # tuned baselines from the artifact unless given
+        from disco.compare import tuned_from_artifact
+
+        tuned = tuned_from_artifact(first)
+        tuned_k = tuned.get("k") if tuned_k is None else tuned_k
+        tuned_threshold = tuned.get("threshold") if tuned_threshold is None else tuned_threshold
+    options, chat = apply_pair_file(options, chat)
+    _say("loading the pair …")
+    pair = load_pair(options)
+    server_tuned = {k: v for k, v in (("p_min", server_p_min), ("n_max", server_n_max)) if v is not None}
+    if first is not None and not server_tuned:  # tuned beside the artifact (disco.server_tuning)
+        from disco.server_tuning import tuned_server
+
+        server_tuned = tuned_server(first) or {}
+    entries = default_entries(
+        first,
+        tuned_k,
+        tuned_threshold,
+        pair=pair,
+        include_anchor=anchor,
+        anchor_settings={"server_tuned": server_tuned},
+        tuned=tuned,
+        sampling=config.temperature > 0,
+        more_classifiers=classifiers[1:],
+    )
+    entries = select_entries(entries, policies)
+    if pair.serving:  # vLLM decodes by itself: its rows run groups of prompts submitted together
+        from disco.cpu import read_load_profile
+        from disco.serving import run_serving_compare
+
+        levels, lengths = _int_list(concurrency, "--concurrency"), _int_list(fixed_k, "--fixed-k")
+        load = read_load_profile(load_profile) if load_profile is not None else None
+        settings = {"fixed_k": [(k, "") for k in lengths]}
+        served = run_serving_compare(pair, items, entries, config, out, levels, chat, settings=settings, load=load)
+        for c, result in served["concurrency"].items():
+            typer.echo(f"\n{c} request(s) at a time:\n" + format_tables(result))
+        _say(f"wrote {out}/table.md and c*/compare.json, table.md, plots")
+        return
+    result = run_compare(pair, items, entries, config, out, chat, seeds=seeds)
+    typer.echo(format_tables(result))
+    _say(f"wrote {out}/compare.json, table.md and plots")
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise DiscoError(f"{flag} {text!r}: give positive whole numbers, comma-separated (e.g. 1,8)")
+    return values
+
+
+def collect(
+    prompts: list[str],
+    out: Path,
+    config: DecodeConfig,
+    limit: Optional[int],
+    overwrite: bool,
+    chat: Optional[bool],
+    shard_prompts: int,
+    max_batch: int,
+    options: PairOptions,
+) -> None:
+    """`disco collect`: this process's share of the prompts traced into `out` (resumable); its summary."""
+    from disco.collect import collect as run_collect
+    from disco.launch import distributed
+    from disco.pair import apply_pair_file, load_pair
+    from disco.prompts import load_prompt_sources
+    from disco.trace import format_summary
+
+    config.validate()
+    items = load_prompt_sources(prompts, limit)
+    options, chat = apply_pair_file(options, chat)
+    with distributed() as dist:
+        if dist.rank == 0:
+            _say(f"loading the pair … ({len(items)} prompts, {dist.world} process{'es' * (dist.world > 1)})")
+        pair = dist.main_first(lambda: load_pair(options))
+        stats = run_collect(
+            pair,
+            items,
+            out,
+            config,
+            chat=chat,
+            overwrite=overwrite,
+            dist=dist,
+            sources=prompts,
+            shard_prompts=shard_prompts,
+            max_batch=max_batch,
+        )
+    _say(stats.summary())
+    if stats.manifest is not None:
+        typer.echo(format_summary(stats.manifest["status"]["summary"]))
+        _say(f"wrote {out}")
+
+
+def profile(
+    out: Optional[Path],
+    max_window: int,
+    context: int,
+    repeats: int,
+    warmup: int,
+    max_batch: int,
+    options: PairOptions,
+) -> None:
+    """`disco profile`: the pair's cost model measured here, printed and written (default: under the cache root)."""
+    from disco.files import atomic_write_json, write_or_rescue
+    from disco.pair import load_pair
+    from disco.profile import default_profile_path, format_profile, profile_pair
+
+    _say("loading the pair …")
+    pair = load_pair(options)
+    if pair.serving:  # vLLM: its step cost by the tokens in a step, requests x (window + 1)
+        from disco.serving import profile_load
+
+        result = profile_load(pair, max_window, context, max_batch)
+    else:
+        result = profile_pair(pair, max_window, context, repeats, warmup)
+    path = out if out is not None else default_profile_path(pair)
+    typer.echo(format_profile(result))  # first: a failed write below then loses nothing
+    write_or_rescue(path, lambda p: atomic_write_json(p, result), "profile")
+    _say(f"wrote {path} (use it with: disco train --profile {path})")
