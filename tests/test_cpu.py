@@ -223,12 +223,13 @@ def test_int8_verify_is_bit_identical_to_decode_steps():
     """int8 quantises activations: a last-bit difference between a batched forward and one-token
     steps would flip quantisation steps and grow to whole logits. Per-token scales plus per-row
     attention make verify(k) exactly k decode steps."""
-    from disco.engines.torch_engine import _forward, _new_cache
+    from disco.engines.torch_engine import _forward
+    from disco.engines.torch_engine_cache import new_cache
 
     model = apply_cpu_backend(tiny_qwen(dtype=torch.float32, layers=3), "int8")
     ids = torch.tensor([5, 9, 14, 3, 77, 41, 8, 8, 60, 23, 12, 90, 33, 2])
     with torch.inference_mode():
-        batched_cache, step_cache = _new_cache(model), _new_cache(model)
+        batched_cache, step_cache = new_cache(model), new_cache(model)
         _forward(model, batched_cache, ids[:5], 1)
         _forward(model, step_cache, ids[:5], 1)
         batched = _forward(model, batched_cache, ids[5:], len(ids) - 5)

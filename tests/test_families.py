@@ -27,10 +27,10 @@ from disco.engines.torch_engine import (
     AssistedGeneration,
     CapturedSteps,
     TorchEngine,
-    _past_recording_works,
     model_kind,
     resolve_cache,
 )
+from disco.engines.torch_engine_cache import past_recording_works
 from disco.errors import DiscoError
 from disco.features import FEATURES, token_class_table
 from disco.hf import disco_generate
@@ -289,7 +289,7 @@ def _static_layer_classes():
 @pytest.fixture(params=["crop", "counters"])
 def static_rollback(request, monkeypatch):
     """Both ways a static cache rolls back: transformers' StaticLayer.crop (5.24 on), and the engine moving the
-    layers' counters itself (`_rewind`, what transformers before 5.24 needs: here with crop taken away)."""
+    layers' counters itself (`rewind`, what transformers before 5.24 needs: here with crop taken away)."""
     has_crop = [c for c in _static_layer_classes() if "crop" in vars(c)]
     if request.param == "crop" and not has_crop:
         pytest.skip(f"transformers {tf.__version__} has no StaticLayer.crop")
@@ -431,7 +431,7 @@ def test_sliding_window_cache_rolls_back_without_recompute():
         )
         assert ref == _generated(target, hf, len(prompt))
         res = speculative_generate(target, draft, prompt, make_policy("constant", k=4), DecodeConfig(24, 6))
-        assert res.tokens == ref and (res.stats.recomputed_tokens == 0 or not _past_recording_works())
+        assert res.tokens == ref and (res.stats.recomputed_tokens == 0 or not past_recording_works())
         accepted += res.stats.accepted
     assert accepted > 0
 

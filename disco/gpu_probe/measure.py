@@ -47,7 +47,8 @@ from disco.classifier import ClassifierPolicy
 from disco.cost import CostModel
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.defaults import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD
-from disco.engines.torch_engine import BUCKETS, CapturedSteps, TorchEngine
+from disco.engines.torch_engine import TorchEngine
+from disco.engines.torch_engine_cache import BUCKETS, CapturedSteps
 from disco.features import FEATURES, TOKEN_CLASSES
 from disco.gpu_probe.shapes import (
     TINY,
