@@ -18,7 +18,8 @@ model. Loading refuses a feature the model reads that this disco does not comput
 whose sha256 differs from the manifest, a manifest whose fields the policy acts on (INTEGRITY_FIELDS)
 differ from the sha256 recorded over them at training (format 2; format 1 artifacts hash the model
 file only), a `columns` list that does not match the model's input width, a pair other than
-`expect_pair`, and a head whose hidden width differs from that pair's draft.
+`expect_pair`, and a head whose hidden width differs from that pair's draft. The models themselves (and their
+calibration) are disco.artifact_models'.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from disco.artifact_models import Calibrated, Calibration, DenseModel, JoblibModel, LightGBMModel, Model
 from disco.cost import CostModel
 from disco.errors import DiscoError
 from disco.features import FEATURES
@@ -73,231 +75,13 @@ MODEL_FILES = {
     "head": "model.safetensors",
     "joblib": "model.joblib",
 }
-_ACTIVATIONS = ("identity", "relu", "tanh", "logistic")
 
 
 def features_hash(features: Sequence[str] = FEATURES) -> str:
     return hashlib.sha256(json.dumps(list(features)).encode()).hexdigest()[:16]
 
 
-def _as_2d(X: np.ndarray, hidden_dim: int = 0) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float64)
-    X = X.reshape(1, -1) if X.ndim == 1 else X
-    if X.ndim != 2 or X.shape[1] != len(FEATURES) + hidden_dim:
-        raise DiscoError(
-            f"expected rows of {len(FEATURES)} features (FEATURES order)"
-            + (f" + {hidden_dim} hidden dims" if hidden_dim else "")
-            + f", got shape {X.shape}"
-        )
-    return X
-
-
-# --- models ------------------------------------------------------------------------------------
-
-
-class DenseModel:
-    """Standardise, then dense layers with a hidden activation and a sigmoid output.
-
-    Logistic regression is the case with one layer; sklearn's MLPClassifier the general one.
-    Plain arrays: they serialise to JSON and run in numpy (simulator, host) or torch (device)."""
-
-    def __init__(
-        self,
-        kind: str,
-        mean: np.ndarray,
-        scale: np.ndarray,
-        layers: list[tuple[np.ndarray, np.ndarray]],
-        activation: str = "identity",
-        columns: Sequence[int] | None = None,
-        hidden_dim: int = 0,
-    ) -> None:
-        if activation not in _ACTIVATIONS:
-            raise DiscoError(f"unknown activation {activation!r}")
-        self.kind, self.activation, self.hidden_dim = kind, activation, hidden_dim
-        self.mean, self.scale = np.asarray(mean, np.float64), np.asarray(scale, np.float64)
-        self.layers = [(np.asarray(W, np.float64), np.asarray(b, np.float64)) for W, b in layers]
-        self.columns = list(columns) if columns is not None else list(range(len(FEATURES)))
-
-    @classmethod
-    def from_sklearn(cls, pipeline, columns: Sequence[int] | None = None) -> DenseModel:
-        """From Pipeline(StandardScaler, LogisticRegression | MLPClassifier)."""
-        scaler, clf = pipeline[0], pipeline[-1]
-        if hasattr(clf, "coefs_"):  # MLPClassifier
-            layers = list(zip(clf.coefs_, clf.intercepts_))
-            return cls("mlp", scaler.mean_, scaler.scale_, layers, clf.activation, columns)
-        return cls("logistic", scaler.mean_, scaler.scale_, [(clf.coef_.T, clf.intercept_)], "identity", columns)
-
-    def _hidden(self, z):  # numpy arrays and torch tensors alike
-        if self.activation == "relu":
-            return z * (z > 0)
-        if self.activation == "tanh":
-            return z.tanh() if isinstance(z, torch.Tensor) else np.tanh(z)
-        if self.activation == "logistic":
-            return z.sigmoid() if isinstance(z, torch.Tensor) else 1.0 / (1.0 + np.exp(-z))
-        return z
-
-    def _inputs(self, X: np.ndarray) -> np.ndarray:
-        """The features it reads, then the hidden state (a head): X holds FEATURES [+ hidden]."""
-        X = _as_2d(X, self.hidden_dim)
-        return np.concatenate([X[:, self.columns], X[:, len(FEATURES) :]], 1) if self.hidden_dim else X[:, self.columns]
-
-    def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        z = (self._inputs(X) - self.mean) / self.scale
-        for i, (W, b) in enumerate(self.layers):
-            z = z @ W + b
-            if i < len(self.layers) - 1:
-                z = self._hidden(z)
-        return 1.0 / (1.0 + np.exp(-z[:, 0]))
-
-    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        """(F,) or (B, F) float tensor on `device` -> 0-dim or (B,) P(accept), computed on the device in float32
-        (one row for disco's loop, a batch for vLLM's proposer)."""
-        t = lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)  # noqa: E731
-        cols, mean, scale = torch.as_tensor(self.columns, device=device), t(self.mean), t(self.scale)
-        layers = [(t(W), t(b)) for W, b in self.layers]
-
-        n_feat = len(FEATURES)
-
-        def predict(x: torch.Tensor) -> torch.Tensor:
-            x = x.float()
-            z = torch.cat([x[..., cols], x[..., n_feat:]], -1) if self.hidden_dim else x[..., cols]
-            z = (z - mean) / scale
-            for i, (W, b) in enumerate(layers):
-                z = z @ W + b
-                if i < len(layers) - 1:
-                    z = self._hidden(z)
-            return torch.sigmoid(z[..., 0])
-
-        return predict
-
-    def to_json(self) -> dict:
-        return {
-            "kind": self.kind,
-            "activation": self.activation,
-            "columns": self.columns,
-            "mean": self.mean.tolist(),
-            "scale": self.scale.tolist(),
-            "layers": [{"W": W.tolist(), "b": b.tolist()} for W, b in self.layers],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict, columns: Sequence[int] | None = None) -> DenseModel:
-        layers = [(np.array(layer["W"]), np.array(layer["b"])) for layer in data["layers"]]
-        return cls(
-            data["kind"],
-            np.array(data["mean"]),
-            np.array(data["scale"]),
-            layers,
-            data["activation"],
-            data["columns"] if columns is None else columns,
-        )
-
-    def to_tensors(self) -> dict[str, torch.Tensor]:
-        """The weights as named tensors (safetensors: no code runs when they are loaded)."""
-        t = lambda a: torch.tensor(np.ascontiguousarray(a))  # noqa: E731
-        out = {"mean": t(self.mean), "scale": t(self.scale)}
-        for i, (W, b) in enumerate(self.layers):
-            out[f"W{i}"], out[f"b{i}"] = t(W), t(b)
-        return out
-
-    @classmethod
-    def from_tensors(
-        cls, tensors: dict[str, torch.Tensor], activation: str, columns: Sequence[int], hidden_dim: int
-    ) -> DenseModel:
-        n = sum(1 for k in tensors if k.startswith("W"))
-        layers = [(tensors[f"W{i}"].numpy(), tensors[f"b{i}"].numpy()) for i in range(n)]
-        return cls("head", tensors["mean"].numpy(), tensors["scale"].numpy(), layers, activation, columns, hidden_dim)
-
-
-class LightGBMModel:
-    """A LightGBM booster over FEATURES[columns]; runs on the host."""
-
-    kind = "lightgbm"
-    hidden_dim = 0
-
-    def __init__(self, booster, columns: Sequence[int] | None = None) -> None:
-        self.booster = booster
-        self.columns = list(columns) if columns is not None else list(range(len(FEATURES)))
-
-    def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        # One thread: per-call thread start-up dominates the small batches of the simulator and
-        # the single rows of the live policy (80 us vs 300 us a row here).
-        return self.booster.predict(_as_2d(X)[:, self.columns], num_threads=1)
-
-    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        """LightGBM has no device path: copy the (F,) or (B, F) features to the host and predict there, in one
-        call for a batch (a 0-dim or (B,) result)."""
-        return lambda x: _host_predict(self, x)
-
-    def to_text(self) -> str:
-        return self.booster.model_to_string()
-
-    @classmethod
-    def from_text(cls, text: str, columns: Sequence[int] | None = None) -> LightGBMModel:
-        import lightgbm
-
-        return cls(lightgbm.Booster(model_str=text), columns)
-
-
-class JoblibModel:
-    """Any estimator with predict_proba, pickled: only ever loaded with an explicit trust_pickle."""
-
-    kind = "joblib"
-    hidden_dim = 0
-
-    def __init__(self, estimator, columns: Sequence[int] | None = None) -> None:
-        self.estimator = estimator
-        self.columns = list(columns) if columns is not None else list(range(len(FEATURES)))
-
-    def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        return self.estimator.predict_proba(_as_2d(X)[:, self.columns])[:, 1]
-
-    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        return lambda x: _host_predict(self, x)
-
-
-def _host_predict(model: LightGBMModel | JoblibModel, x: torch.Tensor) -> torch.Tensor:
-    """A host model's P(accept) of (F,) or (B, F) features on any device: 0-dim or (B,), on x's device."""
-    p = model.predict_proba(x.detach().double().cpu().reshape(-1, x.shape[-1]).numpy())
-    return torch.as_tensor(p, device=x.device).reshape(x.shape[:-1])
-
-
-Model = DenseModel | LightGBMModel | JoblibModel
-
-
 # --- the artifact ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Platt scaling of a model's P(accept): sigmoid(a * logit(p) + b). Identity: a = 1, b = 0."""
-
-    a: float = 1.0
-    b: float = 0.0
-
-    def __call__(self, p):
-        if self.a == 1.0 and self.b == 0.0:
-            return p
-        if isinstance(p, torch.Tensor):
-            p = p.clamp(1e-7, 1 - 1e-7)
-            return torch.sigmoid(self.a * torch.log(p / (1 - p)) + self.b)
-        p = np.clip(p, 1e-7, 1 - 1e-7)
-        return 1.0 / (1.0 + np.exp(-(self.a * np.log(p / (1 - p)) + self.b)))
-
-
-class Calibrated:
-    """A model whose P(accept) goes through a Calibration (the rules that multiply probabilities need it)."""
-
-    def __init__(self, model: Model, calibration: Calibration) -> None:
-        self.model, self.calibration = model, calibration
-        self.kind, self.columns, self.hidden_dim = model.kind, model.columns, model.hidden_dim
-
-    def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        return self.calibration(self.model.predict_proba(X))
-
-    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        inner = self.model.torch_predictor(device)
-        return lambda x: self.calibration(inner(x))
 
 
 @dataclass

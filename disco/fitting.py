@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from disco.artifact import Calibration, DenseModel, LightGBMModel, Model
+from disco.artifact_models import Calibration, DenseModel, LightGBMModel, Model
 from disco.defaults import (
     MODEL_KINDS,
 )

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disco.artifact import Calibrated, Model, save_artifact, training_manifest
+from disco.artifact import save_artifact, training_manifest
+from disco.artifact_models import Calibrated, Model
 from disco.cost import CostModel
 from disco.defaults import (
     LABELS,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disco.artifact import Model
+from disco.artifact_models import Model
 from disco.classifier import RULES
 from disco.cost import CostModel
 from disco.features import DISCO_FEATURES, FEATURES
@@ -73,7 +73,7 @@ class Learned:
 
     model_name: str  # "lightgbm", "logistic", "mlp" or "head"
     rule: str  # classifier.RULES
-    model: Model  # calibrated (artifact.Calibrated): what the simulator and the artifact use
+    model: Model  # calibrated (artifact_models.Calibrated): what the simulator and the artifact use
     tuned: Tuned
 
     @property

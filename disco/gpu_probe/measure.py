@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from disco.artifact import DenseModel, load_artifact
+from disco.artifact import load_artifact
+from disco.artifact_models import DenseModel
 from disco.classifier import ClassifierPolicy
 from disco.cost import CostModel
 from disco.decode import DecodeConfig, speculative_generate, target_generate
