@@ -156,7 +156,7 @@ def check_gguf(path: Path, role: str = "model") -> None:
     otherwise fails deep inside a tokenizer or model loader with an unrelated message)."""
     from gguf import GGUFReader
 
-    from disco.engines.llamacpp import is_gguf
+    from disco.engines.llamacpp_lib import is_gguf
 
     if not is_gguf(path):
         raise DiscoError(

@@ -32,7 +32,8 @@ from disco import embedded, vllm_proposer
 from disco.cpu import draft_threads
 from disco.defaults import DEFAULT_CACHE, DEFAULT_DRAFT_QUANT, DEFAULT_VLLM_KV_GIB, DEFAULT_VLLM_MAX_SEQS
 from disco.engines.base import Continuation, EngineKind, PairParts, Variant
-from disco.engines.llamacpp import EMBEDDED_DRAFT_QUANT, LlamaCppEngine, is_gguf, requantized
+from disco.engines.llamacpp import LlamaCppEngine
+from disco.engines.llamacpp_lib import EMBEDDED_DRAFT_QUANT, is_gguf, requantized
 from disco.engines.torch_engine import TorchEngine
 from disco.errors import DiscoError
 from disco.hub import check_same_tokenizer, eos_ids, gguf_tokenizer, load_config, load_model, load_tokenizer
