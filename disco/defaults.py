@@ -1,4 +1,4 @@
-"""Every default a user can set, defined once (docs/architecture.md, "Defaults").
+"""Every default a user can set, and every fixed setting disco chooses, defined once (docs/architecture.md, "Defaults").
 
 The lowest layer: plain values, no imports, so `disco --help` reads them without loading torch. The
 stage that uses a default imports it from here; no other module writes the value again.
@@ -110,6 +110,16 @@ DEFAULT_DRAFT_QUANT = "auto"  # q4_0 for the embedded pair, else the draft as it
 # logits for the file on this CPU and build (engines/llamacpp_repack.py); on: insist (refused where it failed)
 REPACK_MODES = ("auto", "on", "off")
 DEFAULT_REPACK = "auto"
+DEFAULT_N_CTX = 4096  # llama.cpp engine: KV cache positions per model (prompt + output); capped by its training context
+# llama.cpp's own defaults for draft-model speculation (vendor/llama.cpp/common/common.h,
+# struct common_params_speculative_draft): compare's llama-server -md row at its defaults
+LLAMA_SERVER_DRAFT_N_MAX = 3
+LLAMA_SERVER_DRAFT_N_MIN = 0
+LLAMA_SERVER_DRAFT_P_MIN = 0.0
+# llama-server -md tuned on an artifact's validation prompts (server_tuning.tune_server, bench/tune_llama_server.py)
+SERVER_TUNING_N_MAX = (4, 8, 16)  # --spec-draft-n-max values tried
+SERVER_TUNING_P_MIN = (0.5, 0.7, 0.8, 0.9)  # --draft-p-min values tried
+DEFAULT_N_BATCH = 512  # llama.cpp engine: tokens per llama_decode call at most (longer prompts are fed in chunks)
 
 # --- vLLM, the serving engine (engines/vllm.py, serving.py) -------------------------------------
 DEFAULT_VLLM_KV_GIB = 1  # host RAM (whole GiB: vLLM parses an int) each vLLM instance reserves for its KV cache on CPUs
@@ -120,3 +130,9 @@ DEFAULT_VLLM_FIXED_K = 3  # vLLM's own draft-model rows: this fixed length, and 
 # disco's proposers compare runs inside vLLM: "draft" on vLLM's own batched draft (vllm_proposer.py), "side" on
 # a draft engine of its own (serving.DiscoProposer)
 DEFAULT_VLLM_PROPOSERS = ("draft", "side")
+VLLM_MAX_MODEL_LEN = 4096  # positions a vLLM instance holds per request at most (capped by the target's own)
+STALE_STEPS = 4  # serving.DiscoProposer: a request absent from this many steps in a row has finished (session freed)
+# profile --engine vllm (serving.profile_load): batch sizes (up to --max-batch) and constant windows (up to
+# --max-window, which is always timed) whose steps are timed
+VLLM_PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
+VLLM_PROFILE_WINDOWS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 20)

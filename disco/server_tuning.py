@@ -18,13 +18,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from disco.defaults import SERVER_TUNING_N_MAX, SERVER_TUNING_P_MIN
 from disco.files import atomic_write_json
 from disco.prompts import DATA_DIR, Prompt, load_prompts
 
 TUNED_FILE = "server-tuned.json"  # beside the artifact
 TASKS = ("code", "explain", "write")  # the shipped prompt sets the validation prompts are looked up in
-N_MAX_GRID = (4, 8, 16)  # --spec-draft-n-max values tried
-P_MIN_GRID = (0.5, 0.7, 0.8, 0.9)  # --draft-p-min values tried
 CRITERION = "tokens/s over the validation prompts"
 
 
@@ -70,8 +69,8 @@ def tune_server(
     artifact: Path,
     per_task: int = 3,
     max_new_tokens: int = 128,
-    n_max: Sequence[int] = N_MAX_GRID,
-    p_min: Sequence[float] = P_MIN_GRID,
+    n_max: Sequence[int] = SERVER_TUNING_N_MAX,
+    p_min: Sequence[float] = SERVER_TUNING_P_MIN,
 ) -> dict:
     """Measure llama-server -md at every (n_max, p_min) on the embedded pair (llama.cpp), write the record
     beside `artifact` and return it. Each grid row is printed to stderr as it is measured."""

@@ -37,7 +37,13 @@ from disco.answers import answer_first_turns
 from disco.cost import CostModel, load_view
 from disco.cpu import read_load_profile, this_machine
 from disco.decode import DecodeConfig, Drafter
-from disco.defaults import DEFAULT_VLLM_MAX_SEQS, DEFAULT_VLLM_PROPOSERS
+from disco.defaults import (
+    DEFAULT_VLLM_MAX_SEQS,
+    DEFAULT_VLLM_PROPOSERS,
+    STALE_STEPS,
+    VLLM_PROFILE_BATCHES,
+    VLLM_PROFILE_WINDOWS,
+)
 from disco.engines.vllm import DISCO_DRAFT, ServingRow, SpecConfig
 from disco.errors import DiscoError, said_in_one_line
 from disco.pair import Pair
@@ -50,7 +56,6 @@ from disco.vllm_proposer import read_settings
 PROPOSER = "disco.serving.DiscoProposer"
 ENV = vllm_proposer.ENV  # the settings JSON: {"policy": {PolicySpec fields}, "pair": {...}, "profile": ...}
 GREEDY = DecodeConfig()  # the proposer drafts each request's most likely tokens (vLLM verifies, also when sampling)
-STALE_STEPS = 4  # a request absent from this many steps in a row has finished: its draft session is freed
 _WARNED: set[str] = set()  # classifiers already told they read target signals vLLM cannot give (once each)
 
 
@@ -472,8 +477,8 @@ def profile_load(
         return out
 
     proposer.propose = timed  # type: ignore[method-assign]
-    batches = [b for b in (1, 2, 4, 8, 16, 32) if b <= max_batch]
-    windows = sorted({k for k in (0, 1, 2, 3, 4, 6, 8, 12, 16, 20) if k <= max_window} | {max_window})
+    batches = [b for b in VLLM_PROFILE_BATCHES if b <= max_batch]
+    windows = sorted({k for k in VLLM_PROFILE_WINDOWS if k <= max_window} | {max_window})
     points: dict[int, float] = {}
     draft_s, drafts = 0.0, 0
     per_batch: dict[int, list[float]] = {}  # vLLM's draft: seconds per batched draft position, by batch size

@@ -11,7 +11,8 @@ import torch
 from tiny import EOS, char_tokenizer, tiny_pair
 from tiny_gguf import write_tiny_gguf
 
-from disco.engines.llamacpp_server import DRAFT_N_MAX, LlamaServer, server_binary
+from disco.defaults import LLAMA_SERVER_DRAFT_N_MAX
+from disco.engines.llamacpp_server import LlamaServer, server_binary
 from disco.errors import DiscoError
 
 PROMPTS = ["def add(a, b):\n    return", "Hello, world! The quick brown fox", "x = [1, 2, 3]"]
@@ -61,7 +62,7 @@ def test_target_only(reference):
 
 def test_speculative_reproduces_target(binary, ggufs, prompts, reference):
     with LlamaServer(*ggufs, binary=binary, threads=1, ctx=CTX) as srv:
-        assert srv.spec_config() == {"n_max": DRAFT_N_MAX, "n_min": 0, "p_min": 0.0}
+        assert srv.spec_config() == {"n_max": LLAMA_SERVER_DRAFT_N_MAX, "n_min": 0, "p_min": 0.0}
         for p, ref in zip(prompts, reference):
             r = srv.complete(p, MAX_NEW)
             assert r["tokens"] == ref["tokens"]

@@ -40,7 +40,15 @@ import torch
 
 from disco import embedded
 from disco.cpu import usable_cores
-from disco.defaults import DEFAULT_CACHE, DEFAULT_REPACK, DEFAULT_VERIFY, DRAFT_QUANT_CHOICES, VERIFY_MODES
+from disco.defaults import (
+    DEFAULT_CACHE,
+    DEFAULT_N_BATCH,
+    DEFAULT_N_CTX,
+    DEFAULT_REPACK,
+    DEFAULT_VERIFY,
+    DRAFT_QUANT_CHOICES,
+    VERIFY_MODES,
+)
 from disco.engines.base import EngineKind, PairParts, Variant
 from disco.engines.llamacpp_lib import (
     DRAFT_QUANTS,
@@ -65,8 +73,6 @@ _PROBE_PREFIX, _PROBE_TOKENS = 16, 12  # the probe: 12 tokens after 16 cached on
 # exact width holds only for batches ending inside the first 256 cells, where the probe ran; past them
 # exact verification feeds one token at a time, what target-only decoding does (module docstring).
 EXACT_SPAN = 256
-DEFAULT_N_CTX = 4096  # KV cache positions per model (prompt + output); capped by the model's training context
-DEFAULT_N_BATCH = 512  # tokens per llama_decode call at most (longer prompts are fed in chunks)
 
 
 def probe_command(path: Path, threads: int) -> list[str]:

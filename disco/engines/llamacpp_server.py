@@ -45,17 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from disco.cpu import usable_cores
+from disco.defaults import LLAMA_SERVER_DRAFT_N_MAX, LLAMA_SERVER_DRAFT_N_MIN, LLAMA_SERVER_DRAFT_P_MIN
 from disco.engines.llamacpp_build import BINARY_NAME, server_binary
 from disco.errors import DiscoError
 from disco.rounds import eos_cut
 from disco.stats import GenResult, GenStats
-
-# llama.cpp's own defaults for draft-model speculation (vendor/llama.cpp/common/common.h,
-# struct common_params_speculative_draft).
-DRAFT_N_MAX = 3
-DRAFT_N_MIN = 0
-DRAFT_P_MIN = 0.0
-
 
 # --- the server ---------------------------------------------------------------------------------
 
@@ -135,9 +129,9 @@ class LlamaServer:
         *,
         threads: int | None = None,
         ctx: int = 4096,
-        n_max: int = DRAFT_N_MAX,
-        n_min: int = DRAFT_N_MIN,
-        p_min: float = DRAFT_P_MIN,
+        n_max: int = LLAMA_SERVER_DRAFT_N_MAX,
+        n_min: int = LLAMA_SERVER_DRAFT_N_MIN,
+        p_min: float = LLAMA_SERVER_DRAFT_P_MIN,
         binary: str | os.PathLike | None = None,
         startup_timeout_s: float = 300.0,
         request_timeout_s: float = 3600.0,
@@ -494,10 +488,15 @@ class ServerAnchor:
 def server_anchors(target, draft, tuned: dict | None) -> list[ServerAnchor]:
     """llama-server target-only, with -md at llama.cpp's defaults, and at `tuned` ({n_max, p_min}, tuned
     on validation prompts: disco.server_tuning) when given."""
-    defaults = {"n_max": DRAFT_N_MAX, "n_min": DRAFT_N_MIN, "p_min": DRAFT_P_MIN}
+    defaults = {"n_max": LLAMA_SERVER_DRAFT_N_MAX, "n_min": LLAMA_SERVER_DRAFT_N_MIN, "p_min": LLAMA_SERVER_DRAFT_P_MIN}
     rows = [
         ServerAnchor(SERVER_TARGET_LABEL, target, draft, {}),
-        ServerAnchor(f"{SERVER_LABEL} (defaults: n-max {DRAFT_N_MAX}, p-min {DRAFT_P_MIN:g})", target, draft, defaults),
+        ServerAnchor(
+            f"{SERVER_LABEL} (defaults: n-max {LLAMA_SERVER_DRAFT_N_MAX}, p-min {LLAMA_SERVER_DRAFT_P_MIN:g})",
+            target,
+            draft,
+            defaults,
+        ),
     ]
     if tuned:
         spec = {**defaults, **tuned}

@@ -30,7 +30,13 @@ import torch
 
 from disco import embedded, vllm_proposer
 from disco.cpu import draft_threads
-from disco.defaults import DEFAULT_CACHE, DEFAULT_DRAFT_QUANT, DEFAULT_VLLM_KV_GIB, DEFAULT_VLLM_MAX_SEQS
+from disco.defaults import (
+    DEFAULT_CACHE,
+    DEFAULT_DRAFT_QUANT,
+    DEFAULT_VLLM_KV_GIB,
+    DEFAULT_VLLM_MAX_SEQS,
+    VLLM_MAX_MODEL_LEN,
+)
 from disco.engines.base import Continuation, EngineKind, PairParts, Variant
 from disco.engines.llamacpp import LlamaCppEngine
 from disco.engines.llamacpp_lib import EMBEDDED_DRAFT_QUANT, is_gguf, requantized
@@ -426,7 +432,7 @@ def load_pair(options: PairOptions) -> PairParts:
             torch.set_num_threads(cores)
     dtype = "float32" if options.dtype == "float32" else "bfloat16"
     config = load_config(str(target_dir))
-    max_len = min(int(getattr(config, "max_position_embeddings", 4096)), 4096)
+    max_len = min(int(getattr(config, "max_position_embeddings", VLLM_MAX_MODEL_LEN)), VLLM_MAX_MODEL_LEN)
     target = VllmTarget(target_dir, draft_folder, dtype, max_len, tensor_parallel_size=options.tensor_parallel_size)
     target.check_pairable(draft)
     eos = eos_ids(_ConfigOnly(target_dir), tokenizer)
