@@ -67,6 +67,22 @@ def tune(
     return Tuned(best, speedups, sims[best])
 
 
+def tune_threshold(traces: Sequence[PromptTrace], cost: CostModel, max_window: int, progress: bool = False) -> Tuned:
+    """The threshold policy's τ tuned over THRESHOLD_GRID (the baseline every learned rule meets)."""
+    return tune(traces, lambda t: replay_policy("threshold", threshold=t), THRESHOLD_GRID, cost, max_window, progress)
+
+
+def tune_token_rule(traces: Sequence[PromptTrace], model: Model, cost: CostModel, max_window: int) -> Tuned:
+    """`model` under the classifier's default rule, its threshold on P(accept) tuned over THRESHOLD_GRID."""
+    return tune(
+        traces,
+        lambda th: replay_policy("classifier", classifier_setting=th, model=model),
+        THRESHOLD_GRID,
+        cost,
+        max_window,
+    )
+
+
 @dataclass
 class Learned:
     """One trained model under one rule, its parameter tuned on validation."""
@@ -125,9 +141,7 @@ def policy_table(
     best = max(learned, key=lambda entry: entry.tuned.speedups[entry.tuned.best])
     tuned = {
         "classifier": best.tuned,
-        "threshold": tune(
-            traces, lambda t: replay_policy("threshold", threshold=t), THRESHOLD_GRID, cost, max_window, progress
-        ),
+        "threshold": tune_threshold(traces, cost, max_window, progress),
         "constant": tune(
             traces,
             lambda k: replay_policy("constant", k=k),
@@ -239,13 +253,7 @@ def ablation(
         else:
             model = full if cols is None else fit_model(kind, X_tr, y_tr, cols, cfg.seed, cfg.balanced, soft_tr)
             X_eval = X_val
-        t = tune(
-            traces,
-            lambda th: replay_policy("classifier", classifier_setting=th, model=model),
-            THRESHOLD_GRID,
-            cost,
-            cfg.max_window,
-        )
+        t = tune_token_rule(traces, model, cost, cfg.max_window)
         auc = classification_metrics(y_val, model.predict_proba(X_eval))["roc_auc"]
         rows.append(
             {
@@ -327,16 +335,8 @@ def cross_task(
             model = fit_model(
                 cfg.model, X[fit], y[fit], features, cfg.seed, cfg.balanced, None if soft is None else soft[fit]
             )
-            t = tune(
-                tune_on,
-                lambda th: replay_policy("classifier", classifier_setting=th, model=model),
-                THRESHOLD_GRID,
-                cost,
-                cfg.max_window,
-            ).best
-            tau = tune(
-                tune_on, lambda th: replay_policy("threshold", threshold=th), THRESHOLD_GRID, cost, cfg.max_window
-            ).best
+            t = tune_token_rule(tune_on, model, cost, cfg.max_window).best
+            tau = tune_threshold(tune_on, cost, cfg.max_window).best
         for b, traces in val_traces.items():
             if not traces:
                 continue
