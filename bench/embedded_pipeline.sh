@@ -5,6 +5,7 @@
 # collector takes the tasks in turn, so stopping it early (kill / Ctrl-C) leaves a balanced trace
 # that rerunning the same command continues), compare ~4 min per test prompt.
 # Run one heavy step at a time: two model processes on 2 cores slow each other 5-8x.
+# Rerun: bash bench/embedded_pipeline.sh (the settings below are environment variables, e.g. DISCO=, OUT=).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}

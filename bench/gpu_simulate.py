@@ -1,5 +1,6 @@
 """Simulated speedup of every policy under the GPU probe's profiles (issue 25): disco.gpu_probe.speedups,
-run from a checkout. Options and outputs: that module's docstring."""
+run from a checkout. Options and outputs: that module's docstring.
+Rerun: python bench/gpu_simulate.py --profiles OUT --traces TRACES... (OUT: what bench/gpu_probe.py wrote)."""
 
 import sys
 from pathlib import Path

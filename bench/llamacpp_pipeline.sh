@@ -4,6 +4,7 @@
 # On a 2-core CPU: collection ~10 s per train prompt at 128 tokens, profile ~1.5 min, training ~1 min,
 # server tuning ~5 min, compare ~1 min per test prompt, engine table ~6 min (converts the pair for
 # torch once: ~3 min). Run one heavy step at a time: two model processes on 2 cores slow each other.
+# Rerun: bash bench/llamacpp_pipeline.sh (the settings below are environment variables, e.g. DISCO=, OUT=).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}

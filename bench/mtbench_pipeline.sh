@@ -6,6 +6,7 @@
 # 2-core CPU (2026-12-01): collect 26 min (MT-Bench, incl. answering 64 first turns) + ~50 min (273 shipped
 # prompts; stopped after 181 for time), training 2.5 + 5 min, vLLM compare ~60 min, test traces ~6 min,
 # llama.cpp compare ~20 min. One heavy step at a time; every step resumes (collect) or is quick to redo.
+# Rerun: bash bench/mtbench_pipeline.sh (the settings below are environment variables, e.g. DISCO=, OUT=).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}

@@ -6,6 +6,7 @@
 # collection ~7 s per train prompt (273 prompts: 34 min); torch collection ~20 s per prompt; training
 # 1-2 min; llama.cpp compare ~3.4 min per prompt and seed (17 rows), torch ~2.3 min (8 rows). Run one
 # heavy step at a time.
+# Rerun: bash bench/sampling_pipeline.sh (the settings below are environment variables, e.g. DISCO=, OUT=).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}

@@ -5,6 +5,7 @@
 # On a 2-core CPU: llama.cpp collection ~5 s per train prompt at 128 tokens (273 prompts: ~22 min),
 # training ~5 min, llama.cpp compare ~2 min per test prompt; torch collection ~25 s per prompt,
 # torch compare ~3 min per test prompt with the subset of rows below. Run one heavy step at a time.
+# Rerun: bash bench/signals_pipeline.sh (the settings below are environment variables, e.g. DISCO=, OUT=).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}

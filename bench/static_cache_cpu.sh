@@ -2,6 +2,7 @@
 # Issue 15 on this CPU: do static KV caches change the torch engine's step times? `disco profile` of the
 # embedded pair (float32, onednn) with each cache, then one held-out prompt per task generated with each
 # (threshold policy): the outputs must be identical. Run alone (one heavy job at a time): ~8 min.
+# Rerun: bash bench/static_cache_cpu.sh (the settings below are environment variables, e.g. DISCO=, OUT=).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DISCO=${DISCO:-.venv/bin/disco}
