@@ -728,3 +728,317 @@ def test_a_truncated_gguf_is_named_as_such(tmp_path, capsys):
     line = one_error_line(err)
     assert line.startswith(f"error: the target {cut} is ") and "truncated" in line
     assert line.endswith(": copy or download it again")
+
+
+# --- 10. the rest of the reliability battery (bench/battery.py, retired: its cases live here now) ----------
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory):
+    """A tiny target and draft as GGUF files (the llama.cpp engine's inputs)."""
+    from tiny_gguf import write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("gguf-pair")
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    tok = char_tokenizer()
+    return write_tiny_gguf(target, tok, root / "t.gguf"), write_tiny_gguf(draft, tok, root / "d.gguf")
+
+
+def _written(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+# (case, the command line from (world, gguf pair, tmp_path), what the one error line says)
+REFUSED = [
+    (
+        "train --out a file",
+        lambda w, g, tmp: ["train", "--traces", w["traces"], "--out", w["prompts"], "--model", "logistic"],
+        lambda w, g, tmp: f"--out {w['prompts']} is a file: give a folder for the artifact",
+    ),
+    (
+        "collect --out someone's non-empty folder",
+        lambda w, g, tmp: ["collect", *pair_args(w), "--prompts", w["prompts"], "--out", w["target"]],
+        lambda w, g, tmp: f"--out {w['target']} is not empty and holds no traces (",
+    ),
+    (
+        "compare --policies llama-server on torch",
+        lambda w, g, tmp: [
+            "compare",
+            *pair_args(w),
+            "--prompts",
+            w["prompts"],
+            "--policies",
+            "llama-server",
+            "--out",
+            tmp / "c",
+        ],
+        lambda w, g, tmp: (
+            "--policies llama-server selects no row to run beside target-only (llama-server runs on "
+            "the llama.cpp engine, this run on torch)"
+        ),
+    ),
+    (
+        "compare --policies nope",
+        lambda w, g, tmp: [
+            "compare",
+            *pair_args(w),
+            "--prompts",
+            w["prompts"],
+            "--policies",
+            "nope",
+            "--out",
+            tmp / "c",
+        ],
+        lambda w, g, tmp: (
+            "--policies: unknown nope; choose from target, constant, heuristic, threshold, adaedl, svip, "
+            "oracle, classifier, rules, llama-server, transformers, vllm"
+        ),
+    ),
+    (
+        "artifact: no such folder",
+        lambda w, g, tmp: [
+            "generate",
+            *pair_args(w),
+            "--prompt",
+            "x",
+            "--policy",
+            "classifier",
+            "--classifier",
+            tmp / "no",
+        ],
+        lambda w, g, tmp: f"{tmp / 'no'} is not a classifier artifact (no manifest.json): train one with disco train",
+    ),
+    (
+        "classifier policy without --classifier",
+        lambda w, g, tmp: ["generate", *pair_args(w), "--prompt", "x", "--policy", "classifier"],
+        lambda w, g, tmp: "the classifier policy needs a trained artifact: pass --classifier models/NAME",
+    ),
+    (
+        "shipped artifact on another pair",
+        lambda w, g, tmp: [
+            "generate",
+            *pair_args(w),
+            "--prompt",
+            "x",
+            "--policy",
+            "classifier",
+            "--classifier",
+            ROOT / "models" / "embedded-qwen2.5-coder",
+        ],
+        lambda w, g, tmp: (
+            f"{ROOT / 'models' / 'embedded-qwen2.5-coder'} was trained for a pair with another tokenizer ("
+        ),
+    ),
+    (
+        "--threads 2 on torch",
+        lambda w, g, tmp: ["generate", *pair_args(w), "--prompt", "x", "--threads", "2"],
+        lambda w, g, tmp: (
+            "--threads 2 applies to the llama.cpp engine only, and this run uses torch: drop --threads, "
+            "or add --engine llama.cpp with GGUF files"
+        ),
+    ),
+    *[
+        (
+            f"{flag} on llama.cpp",
+            lambda w, g, tmp, more=more: ["generate", "--target", g[0], "--draft", g[1], "--prompt", "x", *more],
+            lambda w, g, tmp, more=more, flag=flag: (
+                f"{' '.join(more)} applies to the torch engine only, and this run "
+                f"uses llama.cpp: drop {flag}, or add --engine torch"
+            ),
+        )
+        for flag, more in [
+            ("--compile", ["--compile"]),
+            ("--cpu-backend", ["--cpu-backend", "eager"]),
+            ("--dtype", ["--dtype", "float16"]),
+        ]
+    ],
+    (
+        "--engine llama.cpp --device cuda",
+        lambda w, g, tmp: [
+            "generate",
+            "--target",
+            g[0],
+            "--draft",
+            g[1],
+            "--prompt",
+            "x",
+            "--engine",
+            "llama.cpp",
+            "--device",
+            "cuda",
+        ],
+        lambda w, g, tmp: (
+            "--engine llama.cpp runs on the CPU (llama-cpp-python is built for it here): use --engine "
+            "torch for --device cuda"
+        ),
+    ),
+    *[
+        (
+            f"generate {' '.join(more)}",
+            lambda w, g, tmp, more=more: ["generate", *pair_args(w), "--prompt", "x", *more],
+            lambda w, g, tmp, line=line: line,
+        )
+        for more, line in [
+            (["--temperature", "-1"], "--temperature must be at least 0 (got -1.0)"),
+            (["--temperature", "0.7", "--top-p", "0"], "--top-p must be within (0, 1] (got 0.0)"),
+            (["--max-window", "-1"], "--max-window must be at least 0 (got -1)"),
+            (["--lambda", "2"], "--lambda must be within [0, 1] (got 2.0)"),
+            (["--svip-h", "-1"], "--svip-h must be at least 0 (got -1.0)"),
+        ]
+    ],
+    (
+        "generate --threads 0 on llama.cpp",
+        lambda w, g, tmp: ["generate", "--target", g[0], "--draft", g[1], "--threads", "0", "--prompt", "x"],
+        lambda w, g, tmp: "--threads must be at least 1 (got 0)",
+    ),
+    (
+        "compare --seeds 0",
+        lambda w, g, tmp: ["compare", *pair_args(w), "--prompts", w["prompts"], "--seeds", "0", "--out", tmp / "c"],
+        lambda w, g, tmp: "--seeds must be at least 1 (got 0)",
+    ),
+    (
+        "train --val-fraction 1.5",
+        lambda w, g, tmp: ["train", "--traces", w["traces"], "--out", tmp / "m", "--val-fraction", "1.5"],
+        lambda w, g, tmp: "--val-fraction must be within (0, 1) (got 1.5)",
+    ),
+    (
+        "train --max-window 0",
+        lambda w, g, tmp: ["train", "--traces", w["traces"], "--out", tmp / "m", "--max-window", "0"],
+        lambda w, g, tmp: "--max-window must be at least 1 (got 0)",
+    ),
+    (
+        "profile --repeats 0",
+        lambda w, g, tmp: ["profile", *pair_args(w), "--repeats", "0"],
+        lambda w, g, tmp: "--repeats must be at least 1 (got 0)",
+    ),
+    (
+        "--prompts bad JSONL",
+        lambda w, g, tmp: ["generate", *pair_args(w), "--prompts", _written(tmp, "bad.jsonl", b'{"id": 1,\n')],
+        lambda w, g, tmp: (
+            f"{tmp / 'bad.jsonl'}:1: not valid JSON (Expecting property name enclosed in double quotes); "
+            "each line must be one JSON object"
+        ),
+    ),
+    (
+        "--prompts not UTF-8",
+        lambda w, g, tmp: ["generate", *pair_args(w), "--prompts", _written(tmp, "bin.jsonl", b"\xff\xfe\x00\x81")],
+        lambda w, g, tmp: f"{tmp / 'bin.jsonl'} is not UTF-8 text: a prompt file is JSON Lines (",
+    ),
+    (
+        "--target missing folder",
+        lambda w, g, tmp: ["generate", "--target", tmp / "none", "--draft", w["draft"], "--prompt", "x"],
+        lambda w, g, tmp: f"no such model folder or GGUF file: {tmp / 'none'} (check the path)",
+    ),
+    (
+        "--target a .gguf that is not GGUF",
+        lambda w, g, tmp: [
+            "generate",
+            "--target",
+            _written(tmp, "fake.gguf", b"not a gguf" * 100),
+            "--draft",
+            g[1],
+            "--prompt",
+            "x",
+        ],
+        lambda w, g, tmp: (
+            f"the target {tmp / 'fake.gguf'} is not a GGUF file (no GGUF header): give a GGUF file, or a "
+            "transformers model folder"
+        ),
+    ),
+    (
+        "--pair bad YAML",
+        lambda w, g, tmp: ["generate", "--pair", _written(tmp, "bad.yaml", b"target: [\n"), "--prompt", "x"],
+        lambda w, g, tmp: f"{tmp / 'bad.yaml'} is not valid YAML: ",
+    ),
+    (
+        "train --traces missing",
+        lambda w, g, tmp: ["train", "--traces", tmp / "no-traces", "--out", tmp / "m"],
+        lambda w, g, tmp: f"no trace folder or .parquet file at {tmp / 'no-traces'} (make traces with: disco collect)",
+    ),
+    (
+        "train --profile not JSON",
+        lambda w, g, tmp: [
+            "train",
+            "--traces",
+            w["traces"],
+            "--out",
+            tmp / "m",
+            "--profile",
+            _written(tmp, "p.json", b"{"),
+        ],
+        lambda w, g, tmp: f"{tmp / 'p.json'} is not a disco profile (need numbers c_d and a list c_t): ",
+    ),
+]
+
+
+@pytest.mark.parametrize("case, argv, line", REFUSED, ids=[c[0] for c in REFUSED])
+def test_refused_in_one_line(world, gguf_pair, tmp_path, capsys, case, argv, line):
+    code, _, err = cli(capsys, *argv(world, gguf_pair, tmp_path))
+    assert code == 2
+    assert one_error_line(err).startswith(f"error: {line(world, gguf_pair, tmp_path)}")
+
+
+def test_a_damaged_target_config_is_named(world, tmp_path, capsys):
+    bad = copy(world, "target", tmp_path)
+    (bad / "config.json").write_text("{nope")
+    code, _, err = cli(
+        capsys, "generate", "--target", bad, "--draft", world["draft"], "--prompt", "x", "--device", "cpu"
+    )
+    assert code == 2 and one_error_line(err).startswith(f"error: could not load the tokenizer of '{bad}': ")
+
+
+def test_train_on_one_prompt_says_it_needs_two(world, tmp_path, capsys):
+    tr = copy(world, "traces", tmp_path)
+    df = read_trace_rows(tr)
+    for shard in (tr / "data").glob("*.parquet"):
+        shard.unlink()
+    df[df["prompt_id"] == "p0"].to_parquet(tr / "data" / "part-r000-000000.parquet", index=False)
+    code, _, err = cli(capsys, "train", "--traces", tr, "--out", tmp_path / "m", "--model", "logistic")
+    assert code == 2
+    assert one_error_line(err) == (
+        "error: the traces hold a single prompt: training needs at least two (split by prompt)"
+    )
+    assert not (tmp_path / "m").exists()
+
+
+def test_train_overwrite_with_another_model_kind_leaves_no_stale_file(world, tmp_path, capsys):
+    m = copy(world, "model", tmp_path)
+    code, _, err = cli(
+        capsys, "train", "--traces", world["traces"], "--out", m, "--model", "lightgbm", "--no-head", "--overwrite"
+    )
+    assert code == 0, err
+    assert not (m / "model.json").exists() and (m / "model.txt").is_file()
+
+
+@pytest.mark.parametrize("damage", ["model file missing", "manifest not JSON"])
+@pytest.mark.parametrize("command", ["generate", "compare"])
+def test_a_damaged_artifact_is_named(world, tmp_path, capsys, damage, command):
+    m = copy(world, "model", tmp_path)
+    if damage == "model file missing":
+        (m / "model.json").unlink()
+        line = f"error: {m}: the model file model.json is missing"
+    else:
+        (m / "manifest.json").write_text("{")
+        line = f"error: {m / 'manifest.json'} is not valid JSON ("
+    args = (
+        ["generate", *pair_args(world), "--prompt", "x", "--policy", "classifier", "--classifier", m]
+        if command == "generate"
+        else ["compare", *pair_args(world), "--prompts", world["prompts"], "--classifier", m, "--out", tmp_path / "c"]
+    )
+    code, _, err = cli(capsys, *args)
+    assert code == 2 and one_error_line(err).startswith(line)
+
+
+@needs_root
+def test_a_full_disk_keeps_the_profile(world, mount, capsys):
+    full = mount(leave=100)
+    args = ["--max-window", 2, "--repeats", 1, "--warmup", 0, "--context", 8]
+    code, _, err = cli(capsys, "profile", *pair_args(world), "--out", full / "p.json", *args)
+    assert code == 2
+    line = one_error_line(err)
+    assert line.startswith(
+        f"error: could not write {full / 'p.json'}: no space left on the device; the finished profile"
+    )
+    assert Path(line.split("saved in ", 1)[1].split(" instead")[0]).is_file()
