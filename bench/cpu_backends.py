@@ -35,7 +35,8 @@ from disco import embedded  # noqa: E402
 from disco.cpu import FLOAT32_EXACT, apply_cpu_backend, linear_weight_bytes  # noqa: E402
 from disco.decode import DecodeConfig, speculative_generate, target_generate  # noqa: E402
 from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS  # noqa: E402
-from disco.engines.torch_engine import _forward, _new_cache, _truncate  # noqa: E402
+from disco.engines.torch_engine import _forward  # noqa: E402
+from disco.engines.torch_engine_cache import new_cache, rewind  # noqa: E402
 from disco.hub import encode_prompt, eos_ids, load_model, load_tokenizer  # noqa: E402
 from disco.policy import ThresholdPolicy  # noqa: E402
 from disco.profile import context_ids  # noqa: E402
@@ -81,7 +82,7 @@ def time_steps(models: dict[str, torch.nn.Module], context: list[int], ks: list[
     feed = torch.tensor(context[: max(ks)])  # realistic tokens (verification feeds text-like ids)
     caches = {}
     for name, m in models.items():
-        caches[name] = _new_cache(m)
+        caches[name] = new_cache(m)
         _forward(m, caches[name], ctx, 1)
     times = {name: {k: [] for k in ks} for name in models}
     order = list(models)
@@ -91,7 +92,7 @@ def time_steps(models: dict[str, torch.nn.Module], context: list[int], ks: list[
                 t0 = time.perf_counter()
                 _forward(models[name], caches[name], feed[:k], k)
                 dt = time.perf_counter() - t0
-                _truncate(caches[name], len(context))
+                rewind(caches[name], k)  # back to the context
                 if rep:
                     times[name][k].append(dt)
         order.reverse()
