@@ -1,4 +1,4 @@
-"""Collection rate (issue 32): `disco collect` on each engine (default vllm, then llama.cpp) over the first N shipped train prompts (round-robin over code/explain/write) x 128 tokens, each in its own process; prompts/hour and the share of time in generation vs teacher-forced features. Rerun: python bench/collect_rate.py [--n 24] [--engines vllm,llama.cpp] [--max-batch 16] [--target T --draft D] [--json OUT.json]"""
+"""Collection rate (issue 32): `disco collect` on each engine (default vllm, then llama.cpp) over the first N shipped train prompts (round-robin over code/explain/write) x 128 tokens, each in its own process; prompts/hour and the share of time in generation vs teacher-forced features. Rerun: python bench/collect_rate.py [--n 24] [--engines vllm,llama.cpp] [--max-batch 32] [--target T --draft D] [--json OUT.json]"""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from disco.collect import round_robin  # noqa: E402
 from disco.cpu import this_machine  # noqa: E402
+from disco.defaults import DEFAULT_COLLECT_MAX_BATCH  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
 
 TRAIN_SETS = ("code-train", "explain-train", "write-train")  # the 273 shipped train prompts
@@ -70,7 +71,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=24, help="shipped train prompts (273 at most)")
     ap.add_argument("--engines", default="vllm,llama.cpp", help="comma-separated, run in this order")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--max-batch", type=int, default=16, help="vLLM: requests at once")
+    ap.add_argument("--max-batch", type=int, default=DEFAULT_COLLECT_MAX_BATCH, help="vLLM: requests at once")
     ap.add_argument("--target", help="a target folder (default: the embedded pair)")
     ap.add_argument("--draft", help="its draft (with --target)")
     ap.add_argument("--json", type=Path, help="also write the results here")
