@@ -99,12 +99,8 @@ CACHES = ("auto", "static", "dynamic")  # torch engine: the models' KV caches
 DEFAULT_CACHE = "auto"  # static for decoder-only models on CUDA, dynamic elsewhere (torch_engine.resolve_cache)
 VERIFY_MODES = ("fast", "exact")  # llama.cpp engine
 DEFAULT_VERIFY = "exact"  # lossless by default (engines/llamacpp.py docstring, bench/RESULTS.md "llama.cpp engine")
-DRAFT_QUANT_CHOICES = (
-    "auto",
-    "none",
-    "q4_0",
-    "q8_0",
-)  # llama.cpp engine: engines.llamacpp_lib.DRAFT_QUANTS + auto, none
+# llama.cpp engine: engines.llamacpp_lib.DRAFT_QUANTS + auto, none
+DRAFT_QUANT_CHOICES = ("auto", "none", "q4_0", "q8_0")
 DEFAULT_DRAFT_QUANT = "auto"  # q4_0 for the embedded pair, else the draft as it is
 # llama.cpp engine: weight repacking. auto: on unless a child-process probe saw it crash or give non-finite
 # logits for the file on this CPU and build (engines/llamacpp_repack.py); on: insist (refused where it failed)
