@@ -163,6 +163,7 @@ class BatchClassifier:
         self._survive = torch.ones(n, dtype=torch.float64, device=device)
         self._prod = torch.ones(n, device=device)  # window_prob_prod: product of p_chosen in the window
         self._prev = torch.tensor([float(s.prev_accepted) for s in batch.states], device=device)
+        self._verified = torch.tensor(float(n), dtype=torch.float64, device=device)  # the step's tokens so far
 
     def _rate(self) -> float:
         return self.setting / self._costs().c_t[0]
@@ -185,10 +186,31 @@ class BatchClassifier:
             return p < self.setting
         if self.rule == "cumulative":
             return 1.0 - self._survive > self.setting
-        c_d = None
-        if self._batch.position_cost is not None:  # vLLM's draft: the next position is shared by those drafting
-            c_d = self._batch.position_cost / max(int(live.sum()), 1)
-        return ~_pays(self._costs(), pos, self._survive, p, self._rate(), c_d)
+        if self._batch.position_cost is None:  # a draft token costs c_d, whoever else drafts
+            return ~_pays(self._costs(), pos, self._survive, p, self._rate())
+        return ~self._pooled(pos, p, live)
+
+    def _pooled(self, pos: int, p: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """The cost rules on vLLM's batched draft (docs/architecture.md, "vLLM's own draft"): one more position is
+        one batched forward whoever drafts in it, so the batch runs it while the expected tokens of the requests
+        drafting on, summed, pay for it and for their verification; a request drafts on in it while its own
+        next tokens pay their verification, the position being paid already. (B,) bool: drafts on. Tensor
+        operations only (no host sync): the proposer's one sync per position decides."""
+        c, rho = self._costs(), self._rate()
+        self._verified = self._verified + live.sum()  # each token drafted this step is verified with it
+        top = len(c.c_t)
+        keep = live & _pays(c, pos, self._survive, p, rho, 0.0)
+        if pos + 1 >= top:
+            return torch.zeros_like(keep)
+        m = torch.arange(1, top - pos, dtype=torch.float64, device=p.device)  # m more positions
+        a = p.double()[:, None].expand(-1, len(m)).cumprod(1)
+        gain = ((self._survive[:, None] * a).cumsum(1) * keep[:, None]).sum(0)  # (M,) the batch's tokens
+        c_step = torch.tensor(c.c_step, dtype=torch.float64, device=p.device)
+        last = len(c_step) - 1
+        now = (self._verified.long() - 1).clamp(0, last)
+        then = (self._verified.long() - 1 + keep.sum() * m.long()).clamp(0, last)
+        extra = m * float(self._batch.position_cost) + c_step[then] - c_step[now]  # seconds, the whole batch
+        return keep & (gain > rho * extra).any()
 
     def update(self, state: RequestState, drafted: int, accepted: int) -> None:
         if drafted > 0:  # classifier.ClassifierPolicy.update (WindowState.end, the forecast)

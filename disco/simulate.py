@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from disco.batch_policy import Batch, BatchPolicy, RequestState
 from disco.cost import CostModel
 from disco.defaults import DEFAULT_MAX_WINDOW
 from disco.errors import DiscoError
@@ -363,3 +364,76 @@ def simulate(
 ) -> SimResult:
     """Replay one policy (a fresh instance per prompt) over the traces."""
     return simulate_many(traces, {"policy": factory}, max_window, progress)["policy"]
+
+
+# --- vLLM's batched draft, in lockstep ---------------------------------------------------------
+
+
+@dataclass
+class BatchedRun:
+    """A batched policy replayed in lockstep at one concurrency (simulate_batched)."""
+
+    tokens: int  # committed tokens, all prompts
+    seconds: float  # the load profile's time of every step
+    steps: int  # batched steps (one target verification each)
+    positions: int  # batched draft positions run (vLLM's catch-up pass included)
+    drafted: int  # draft tokens handed to verification
+    accepted: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def simulate_batched(
+    traces: Sequence[PromptTrace],
+    policy: BatchPolicy | None,
+    load: CostModel,
+    batch: int,
+    max_window: int = DEFAULT_MAX_WINDOW,
+) -> BatchedRun:
+    """vLLM's draft_model decoding of the traces' prompts, `batch` at a time, as vllm_proposer.py runs it:
+    continuous batching (a finished prompt's place goes to the next one); each step the policy's drafts()
+    and start(), then one batched draft position after another with stops() on every drafting request's
+    trace features, until none drafts on or max_window; each request accepts the leading run of its labels
+    and commits one more token. Costs (docs/architecture.md, "vLLM's own draft"): a step runs at least one
+    draft position, vLLM's catch-up pass (none when `policy` is None: target-only, no draft configured),
+    each costing load.c_draft at the step's batch size; verification costs c_step(sum of k_i + 1).
+    RequestState.request_id is the prompt's index and its stats.new_tokens its committed tokens, so a
+    policy may look at the trace (an oracle bound). Approximation 1 of the module docstring applies."""
+    check_setting("max_window", max_window)
+    if not load.c_step or not load.c_draft:
+        raise DiscoError(f"the load profile ({load.source}) has no batched costs: profile with --engine vllm")
+    queue, active = list(range(len(traces))), []
+    run = BatchedRun(0, 0.0, 0, 0, 0, 0)
+    while queue or active:
+        while len(active) < batch and queue:
+            active.append(RequestState(str(queue.pop(0))))
+        n = len(active)
+        trs = [traces[int(s.request_id)] for s in active]
+        room = torch.tensor([len(tr) - int(s.stats.new_tokens) - 1 for tr, s in zip(trs, active)])
+        positions, drafted = 0, torch.zeros(n, dtype=torch.long)
+        if policy is not None:
+            view = Batch(active, load.at_load(n, max_window), load.c_draft[min(n, len(load.c_draft)) - 1])
+            live = policy.drafts(view).cpu() & (room > 0)
+            policy.start(view, torch.device("cpu"))
+            while bool(live.any()) and positions < max_window:
+                positions += 1
+                rows = [int(s.stats.new_tokens) + min(positions, int(r)) - 1 for s, r in zip(active, room.clamp(1))]
+                feats = torch.stack([tr.token_feats[j] for tr, j in zip(trs, rows)])
+                stop = policy.stops(positions, feats, feats[:, _P_CHOSEN], live).cpu()
+                drafted = torch.where(live, positions, drafted)
+                live = live & ~stop & (room > positions)
+            run.seconds += load.c_draft[min(n, len(load.c_draft)) - 1] * max(positions, 1)
+        run.seconds += load.c_step[min(int(drafted.sum()) + n, len(load.c_step)) - 1]
+        run.steps, run.positions = run.steps + 1, run.positions + max(positions, policy is not None)
+        for s, tr, k in zip(active, trs, drafted.tolist()):
+            out = int(s.stats.new_tokens)
+            a = leading_run(tr.labels[out : out + k])
+            if k and policy is not None:
+                policy.update(s, k, a)
+                s.stats.record_window(k, a)
+            s.stats.new_tokens += a + 1
+            run.tokens, run.drafted, run.accepted = run.tokens + a + 1, run.drafted + k, run.accepted + a
+        active = [s for s, tr in zip(active, trs) if s.stats.new_tokens < len(tr)]
+    return run
