@@ -40,7 +40,6 @@ from disco.decode import DecodeConfig, Drafter
 from disco.defaults import (
     DEFAULT_VLLM_MAX_SEQS,
     DEFAULT_VLLM_PROPOSERS,
-    STALE_STEPS,
     VLLM_PROFILE_BATCHES,
     VLLM_PROFILE_WINDOWS,
 )
@@ -76,7 +75,7 @@ SHARED = Shared()
 
 
 class _Request:
-    """One running request as the proposer sees it: its prompt, draft session and policy."""
+    """One running request as the proposer sees it: its draft session and policy (by vLLM request id)."""
 
     def __init__(self, prompt: np.ndarray, engine, policy: StoppingPolicy | None, hidden: bool) -> None:
         self.prompt = prompt  # the tokens before the first draft (prompt + first sampled token)
@@ -86,13 +85,7 @@ class _Request:
         self.fed = np.empty(0, dtype=np.int64)  # the tokens the draft session holds, in order
         self.proposed: list[int] = []  # the last window sent to vLLM
         self.n_before = 0  # the request's length when that window was drafted
-        self.absent = 0  # steps in a row it was not seen
-        self.reported = False  # its counts were handed to compare
         self.stats = GenStats()
-
-    def matches(self, ctx: np.ndarray) -> bool:
-        n = len(self.prompt)
-        return len(ctx) >= n and bool(np.array_equal(ctx[:n], self.prompt))
 
 
 class DiscoProposer:
@@ -105,9 +98,8 @@ class DiscoProposer:
             _load_shared_from_env()
         assert SHARED.pair is not None
         self.pair = SHARED.pair
-        self.requests: list[_Request] = []
+        self.requests: dict[str, _Request] = {}  # the running requests, by vLLM request id
         self.spare_engines: list[Any] = [self.pair.draft]  # draft engines not held by a request
-        self._rows: list[_Request | None] = []  # the request of each row at the last step
         self._view: CostModel | None = None
         self.set_policy(SHARED.policy, SHARED.load)
         SHARED.proposer = self
@@ -130,11 +122,9 @@ class DiscoProposer:
                 "proposer: they stay at their first-window values; for vLLM train with --no-target-signals",
                 file=sys.stderr,
             )
-        for r in self.requests:
-            self._release(r)
-        self.requests = []
-        self.finished: list[_Request] = []  # requests no longer running (their counts, for compare)
-        self._rows = []
+        for rid in list(self.requests):
+            self._release(rid)
+        self.finished: dict[str, GenStats] = {}  # keep_stats: finished requests' counts, by request id
         self.decide_s = 0.0  # in the policy (features, model, rule): the decision-cost figure
         self.forward_s = 0.0  # in draft forwards
 
@@ -144,33 +134,30 @@ class DiscoProposer:
             return None
         return t.fresh() if hasattr(t, "fresh") else self.spec.build(pair=self.pair, max_window=self.k_max)
 
-    def _release(self, r: _Request) -> None:
+    def _release(self, rid: str) -> None:
+        """A request vLLM no longer holds (finished or aborted): its draft engine is spare again."""
+        r = self.requests.pop(rid)
         if SHARED.keep_stats:
-            self.finished.append(r)
+            self.finished[rid] = r.stats
         self.spare_engines.append(r.engine)
 
-    def stats_for(self, prompt: list[int], request_id: str | None = None) -> GenStats | None:
-        """The counts of the request that began with `prompt` (compare: each prompt's windows), once (vLLM's
-        request ids do not reach a custom_class proposer)."""
-        for r in [*self.finished, *self.requests]:
-            if len(r.prompt) > len(prompt) and r.prompt[: len(prompt)].tolist() == prompt and not r.reported:
-                r.reported = True
-                if r in self.finished:
-                    self.finished.remove(r)  # asked for once: not kept longer
-                return r.stats
+    def stats_for(self, prompt: list[int], request_id: str) -> GenStats | None:
+        """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once."""
+        for table in (self.finished, self.requests):
+            for rid in list(table):
+                if rid == request_id or rid.startswith(f"{request_id}-"):
+                    got = table.pop(rid)
+                    return got if isinstance(got, GenStats) else got.stats
         return None
 
-    def _request_for(self, ctx: np.ndarray, hint: _Request | None, used: set[int]) -> _Request:
-        """The request whose prompt begins `ctx` (vLLM passes rows, not request ids: rows move as requests
-        finish), or a new one. Requests with the same prompt are interchangeable under greedy decoding."""
-        live = [hint, *self.requests] if hint is not None and hint in self.requests else self.requests
-        for r in live:  # (a released request's engine may serve another one now: never revived)
-            if id(r) not in used and r.matches(ctx):
-                return r
-        engine = self.spare_engines.pop() if self.spare_engines else self.pair.draft.spare()
-        policy = self._policy()
-        r = _Request(ctx.copy(), engine, policy, bool(policy is not None and policy.needs_hidden))
-        self.requests.append(r)
+    def _request(self, rid: str, ctx: np.ndarray) -> _Request:
+        """Request `rid`'s state, made at its first step (its own draft session and policy)."""
+        r = self.requests.get(rid)
+        if r is None:
+            engine = self.spare_engines.pop() if self.spare_engines else self.pair.draft.spare()
+            policy = self._policy()
+            r = _Request(ctx.copy(), engine, policy, bool(policy is not None and policy.needs_hidden))
+            self.requests[rid] = r
         return r
 
     def propose(
@@ -182,27 +169,19 @@ class DiscoProposer:
         **kwargs: Any,
     ) -> list[list[int]]:
         """Each running request's draft tokens for this step (vLLM 0.32's custom_class interface: row i's
-        tokens so far are token_ids_cpu[i, :num_tokens_no_spec[i]], this step's sampled ones included)."""
+        tokens so far are token_ids_cpu[i, :num_tokens_no_spec[i]], this step's sampled ones included; its
+        request id comes from the runner, vllm_proposer.batch_requests)."""
+        ids, alive = vllm_proposer.batch_requests(len(sampled_token_ids))
+        for gone in [rid for rid in self.requests if rid not in alive]:
+            self._release(gone)
         self._view = load_view(self.load, sum(1 for s in sampled_token_ids if s), self.k_max)
         out: list[list[int]] = []
-        rows: list[_Request | None] = []
-        used: set[int] = set()
-        for i, sampled in enumerate(sampled_token_ids):
+        for rid, sampled, n in zip(ids, sampled_token_ids, num_tokens_no_spec):
             if not sampled:  # a request still in its prompt: nothing to draft from
                 out.append([])
-                rows.append(None)
                 continue
-            ctx = token_ids_cpu[i, : int(num_tokens_no_spec[i])]
-            r = self._request_for(ctx, self._rows[i] if i < len(self._rows) else None, used)
-            used.add(id(r))
-            rows.append(r)
-            out.append(self._draft(r, ctx))
-        self._rows = rows
-        for r in self.requests:
-            r.absent = 0 if id(r) in used else r.absent + 1
-        for r in [r for r in self.requests if r.absent >= STALE_STEPS]:
-            self.requests.remove(r)
-            self._release(r)
+            ctx = token_ids_cpu[len(out), : int(n)]
+            out.append(self._draft(self._request(rid, ctx), ctx))
         return out
 
     def _draft(self, r: _Request, ctx: np.ndarray) -> list[int]:

@@ -18,7 +18,8 @@ Without settings it behaves exactly as vLLM's own (compare's "vllm draft k=K" ro
 What it relies on (read from vLLM 0.32; `install()` refuses other versions in one line): propose(...) and
 _sample_draft_tokens(hidden, sampling_metadata) of llm_base_proposer.py, the runner's input_batch (req_ids,
 token_ids_cpu, num_tokens_no_spec) and requests, ragged list[list[int]] drafts under synchronous
-scheduling (async scheduling expects k drafts per request: refused).
+scheduling (async scheduling expects k drafts per request: refused); GPUModelRunner.propose_draft_token_ids,
+wrapped to note the runner whose step asks for drafts (batch_requests: the side-engine proposer's request ids).
 """
 
 from __future__ import annotations
@@ -72,13 +73,36 @@ def check_version(version: str) -> None:
         )
 
 
+_RUNNER: list[Any] = [None]  # the model runner whose step is asking for drafts now (install() records it)
+
+
 def install() -> None:
-    """Make vLLM's runner build disco's proposer for the `draft_model` method (idempotent)."""
+    """Make vLLM's runner build disco's proposer for the `draft_model` method, and record which runner asks for
+    drafts, whose batch's request ids the side-engine proposer reads (idempotent)."""
     import vllm
     import vllm.v1.worker.gpu_model_runner as runner
 
     check_version(vllm.__version__)
     runner.DraftModelProposer = _proposer_class()  # type: ignore[misc]
+    cls = runner.GPUModelRunner  # (CPUModelRunner subclasses it)
+    if not getattr(cls.propose_draft_token_ids, "_disco", False):
+        propose = cls.propose_draft_token_ids
+
+        def propose_draft_token_ids(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _RUNNER[0] = self  # a custom_class proposer is handed rows, not request ids: they are read here
+            return propose(self, *args, **kwargs)
+
+        propose_draft_token_ids._disco = True  # type: ignore[attr-defined]
+        cls.propose_draft_token_ids = propose_draft_token_ids  # type: ignore[method-assign]
+
+
+def batch_requests(n: int) -> tuple[list[str], set[str]]:
+    """The vLLM request ids of the first n rows of the batch drafting now, and the ids of every request the
+    runner still holds (running or preempted; the others have finished or were aborted)."""
+    runner = _RUNNER[0]
+    if runner is None:
+        raise DiscoError("disco's vLLM proposers need disco's vLLM plugin: set DISCO_VLLM_POLICY (README)")
+    return list(runner.input_batch.req_ids[:n]), set(runner.requests)
 
 
 def register() -> None:

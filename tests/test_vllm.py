@@ -19,7 +19,7 @@ import torch
 from tiny import EOS, char_tokenizer, perturbed
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from disco import serving
+from disco import serving, vllm_proposer
 from disco.classifier import ClassifierPolicy
 from disco.cost import CostModel
 from disco.decode import DecodeConfig
@@ -94,7 +94,8 @@ def _run(pair, ids, policy: PolicySpec, max_tokens=40, k_max=6):
     spec = SpecConfig("custom_class", k_max, serving.PROPOSER)
     llm = pair.target_engine.llm(spec)
     serving.SHARED.proposer.set_policy(policy)
-    outs, _ = pair.target_engine.generate_batch(spec, ids, max_tokens, pair.eos_token_ids, len(ids))
+    outs, rids, _ = pair.target_engine.generate_requests(spec, ids, max_tokens, pair.eos_token_ids, len(ids))
+    serving.SHARED.proposer.rids = rids  # (the tests ask for each request's counts by vLLM's id)
     return outs, serving.SHARED.proposer, llm
 
 
@@ -109,10 +110,14 @@ def _run(pair, ids, policy: PolicySpec, max_tokens=40, k_max=6):
     ],
     ids=lambda p: p.name,
 )
+def _all_stats(proposer) -> list:
+    return [*proposer.finished.values(), *(r.stats for r in proposer.requests.values())]
+
+
 def test_lossless_for_every_policy(pair, ids, reference, policy):
     outs, proposer, _ = _run(pair, ids, policy)
     assert outs == reference
-    drafted = sum(r.stats.drafted for r in [*proposer.finished, *proposer.requests])
+    drafted = sum(s.drafted for s in _all_stats(proposer))
     assert drafted > 0  # it did speculate
 
 
@@ -140,8 +145,8 @@ def test_windows_follow_the_policy_per_request(pair, ids, reference):
     proposer, never asked again, does not see what it kept)."""
     outs, proposer, _ = _run(pair, ids, PolicySpec("constant", k=2))
     assert outs == reference
-    for prompt in ids:
-        stats = proposer.stats_for(prompt)
+    for prompt, rid in zip(ids, proposer.rids):
+        stats = proposer.stats_for(prompt, rid)
         assert stats is not None and stats.windows
         assert set(stats.windows) <= {1, 2} and stats.windows.count(2) >= len(stats.windows) - 1
         assert sum(stats.windows) == stats.drafted
@@ -172,7 +177,7 @@ def test_nothing_is_kept_per_finished_request(pair, ids):
     assert sizes[0] == sizes[1] and sizes[1][1] == 0
 
 
-def test_a_window_vllm_did_not_verify_is_drafted_on(pair, ids):
+def test_a_window_vllm_did_not_verify_is_drafted_on(pair, ids, monkeypatch):
     """vLLM may schedule no drafts for a request in a step (its token budget); when the target's own token then
     equals the window's first draft, the request's tokens are a prefix of what the draft session holds: the
     proposer drafts on from them (it crashed there under `vllm serve`: nothing left to feed)."""
@@ -181,6 +186,7 @@ def test_a_window_vllm_did_not_verify_is_drafted_on(pair, ids):
     proposer = serving.SHARED.proposer
     proposer.set_policy(PolicySpec("constant", k=3))
     ctx = np.asarray(ids[0] + [5], dtype=np.int64)  # the prompt and its first sampled token
+    monkeypatch.setattr(vllm_proposer, "batch_requests", lambda n: (["r0"], {"r0"}))  # as vLLM's runner says
     first = proposer.propose([[5]], np.array([len(ctx)]), ctx[None, :])[0]
     assert len(first) == 3
     unverified = np.concatenate([ctx, first[:1]])  # no draft verified; the target chose the first draft itself
@@ -188,10 +194,39 @@ def test_a_window_vllm_did_not_verify_is_drafted_on(pair, ids):
     assert len(again) == 3 and again[:2] == first[1:]  # the same draft model, the same path: the same tokens
 
 
+def test_same_prompt_sampled_and_a_second_turn_keep_their_own_state(pair, ids):
+    """The side engine keys each request by vLLM's id (vllm_proposer.batch_requests): four requests with one
+    prompt at temperature 0.8 run together, then a second turn extending a finished first one; each has its own
+    draft session, policy and counts (recognised by their prompt, they took each other's)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = SpecConfig("custom_class", 6, serving.PROPOSER)
+    llm = pair.target_engine.llm(spec)
+    proposer = serving.SHARED.proposer
+    proposer.set_policy(PolicySpec("threshold", threshold=0.4))
+
+    def run(prompts, max_tokens, temperature, seeds):
+        params = [
+            SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=[EOS], seed=s) for s in seeds
+        ]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        for o in outs:  # 1 token from the prefill, accepted + 1 a verified window, the last window unread
+            stats = proposer.stats_for(o.prompt_token_ids, o.request_id)
+            made = 1 + stats.accepted + len(stats.windows)
+            assert made <= len(o.outputs[0].token_ids) <= made + 7, (made, len(o.outputs[0].token_ids))
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    first = run([ids[1]] * 4, 30, 0.8, [1, 2, 3, 4])
+    assert len(set(map(tuple, first))) > 1  # they did sample differently
+    run([ids[1] + first[0] + ids[2]], 20, 0.0, [None])
+    assert proposer.requests == {}
+
+
 def test_a_policy_that_never_drafts_is_target_only(pair, ids, reference):
     outs, proposer, _ = _run(pair, ids, PolicySpec("target"))
     assert outs == reference
-    assert all(r.stats.drafted == 0 and r.stats.draft_forwards == 0 for r in [*proposer.finished, *proposer.requests])
+    assert all(s.drafted == 0 and s.draft_forwards == 0 for s in _all_stats(proposer))
 
 
 class _Sure:
