@@ -119,6 +119,7 @@ DEFAULT_N_BATCH = 512  # llama.cpp engine: tokens per llama_decode call at most 
 
 # --- vLLM, the serving engine (engines/vllm.py, serving.py) -------------------------------------
 DEFAULT_VLLM_KV_GIB = 1  # host RAM (whole GiB: vLLM parses an int) each vLLM instance reserves for its KV cache on CPUs
+SERVING_LEVELS = (1, 2, 4, 8)  # train on a batched vLLM profile: the loads its rule is chosen for (lockstep)
 DEFAULT_CONCURRENCY = "1,8"  # compare --engine vllm: requests submitted together, one run per level
 DEFAULT_VLLM_MAX_SEQS = 8  # requests one vLLM instance runs at once at least (more when --concurrency asks)
 DEFAULT_COLLECT_MAX_BATCH = 32  # collect --engine vllm: requests decoded at once (RESULTS: 1.17x the rate of 16)

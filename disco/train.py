@@ -43,7 +43,7 @@ from disco.train_data import (
     traces_for,
 )
 from disco.train_report import TrainReport
-from disco.tuning import ablation, choose, cross_task, per_task_table, policy_table
+from disco.tuning import ablation, choose, choose_for_load, cross_task, per_task_table, policy_table, serving_levels
 
 # --- the whole command -------------------------------------------------------------------------
 
@@ -70,6 +70,8 @@ def train(cfg: TrainConfig) -> TrainReport:
     val_traces = traces_for(data, s.val_mask)
     table, tuned, learned = policy_table(val_traces, models, cost, cfg.max_window, cfg.progress)
     best, choice = choose(learned, tuned["threshold"])
+    if serving_levels(cost, cfg.max_window):  # vLLM's batched draft: the rule that holds up under load
+        best, choice = choose_for_load(learned, val_traces, cost, cfg.max_window, choice)
     importance, abl, tasks, cross = _arms(cfg, data, s, fitted, soft, val_traces, cost, learned, tuned, best)
 
     threshold = float(best.tuned.best)

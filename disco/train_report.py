@@ -44,6 +44,7 @@ class TrainReport:
             "",
             f"Trained and tuned for {self.decoding}.",
             "",
+            *_serving_lines(c),
             f"Split by prompt: {self.split.get('train_prompts')} train / {self.split.get('val_prompts')} validation "
             f"prompts ({self.split.get('train_rows')} / {m['rows']} drafted rows); validation accept rate "
             f"{m['accept_rate']:.3f}.",
@@ -150,3 +151,21 @@ def adding_table(cross: Sequence[dict]) -> list[str]:
                     f"{w['tuned_threshold']:.3f} | {w['ratio']:.3f} |"
                 )
     return lines
+
+
+def _serving_lines(choice: dict) -> list[str]:
+    """On vLLM's batched draft: each learned policy's simulated throughput under load (tuning.choose_for_load)."""
+    serving = choice.get("serving")
+    if not serving:
+        return []
+    levels = serving["levels"]
+    lines = [
+        "Chosen for vLLM's batched draft: the learned policy whose worst ratio to vLLM's best fixed draft length "
+        "over these concurrencies is the highest (lockstep simulation on the validation prompts):",
+        "",
+        "| policy | " + " | ".join(f"{b} request{'s' if b > 1 else ''}" for b in levels) + " |",
+        "|---|" + "---|" * len(levels),
+    ]
+    for label, ratios in serving["x_best_fixed_length"].items():
+        lines.append(f"| {label} | " + " | ".join(f"{ratios[b]:.3f}x" for b in levels) + " |")
+    return [*lines, ""]

@@ -10,10 +10,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from disco.artifact_models import Model
+from disco.batch_policy import BatchClassifier, BatchConstant
 from disco.classifier import RULES
 from disco.cost import CostModel
+from disco.defaults import SERVING_LEVELS
 from disco.features import DISCO_FEATURES, FEATURES
 from disco.fitting import classification_metrics, fit_model
 from disco.policy import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_THRESHOLD, SVIP_H
@@ -21,6 +24,7 @@ from disco.simulate import (
     PromptTrace,
     SimResult,
     replay_policy,
+    simulate_batched,
     simulate_many,
 )
 from disco.train_data import TraceData, TrainConfig, task_masks, traces_for
@@ -208,6 +212,53 @@ def choose(learned: Sequence[Learned], threshold: Tuned) -> tuple[Learned, dict]
     choice["best_learned_speedup"] = s_learned
     choice["margin_vs_threshold"] = choice["speedup"] / s_thr
     return best, choice
+
+
+def serving_levels(cost: CostModel, max_window: int) -> list[int]:
+    """The concurrencies a batched vLLM load profile covers (its draft timed at that batch size, steps of that
+    many requests with a window each): empty for any other cost model."""
+    if not cost.c_draft:
+        return []
+    return [b for b in SERVING_LEVELS if b <= len(cost.c_draft) and len(cost.c_step) // b >= 2]
+
+
+def choose_for_load(
+    learned: Sequence[Learned], traces: Sequence[PromptTrace], cost: CostModel, max_window: int, choice: dict
+) -> tuple[Learned, dict]:
+    """On vLLM's batched draft (a load profile with c_draft): the learned (model, rule) at its tuned setting
+    whose worst ratio to vLLM's best fixed draft length, over the concurrencies the profile covers, is the
+    highest, in lockstep simulation (simulate_batched) on the validation prompts. A rule that wins alone may
+    lose under load (each batched position costs the whole batch): this picks the one that holds up. The
+    choice records every candidate's ratios ("serving")."""
+    levels = serving_levels(cost, max_window)
+    fixed = {
+        b: max(simulate_batched(traces, BatchConstant(k), cost, b, max_window).tokens_per_s for k in range(1, 5))
+        for b in levels
+    }
+    ratios: dict[str, dict[int, float]] = {}
+    for entry in learned:
+        predict = entry.model.torch_predictor(torch.device("cpu"))
+        ratios[entry.label] = {
+            b: simulate_batched(
+                traces, BatchClassifier(predict, entry.rule, float(entry.tuned.best), cost), cost, b, max_window
+            ).tokens_per_s
+            / fixed[b]
+            for b in levels
+        }
+    best = max(learned, key=lambda entry: min(ratios[entry.label].values()))
+    speedup = best.tuned.speedups[best.tuned.best]
+    chosen = {
+        "policy": "classifier",
+        "model": best.model_name,
+        "rule": best.rule,
+        "setting": float(best.tuned.best),
+        "speedup": speedup,
+        "tuned_threshold_speedup": choice["tuned_threshold_speedup"],
+        "best_learned_speedup": choice["best_learned_speedup"],
+        "margin_vs_threshold": speedup / choice["tuned_threshold_speedup"],
+        "serving": {"levels": levels, "x_best_fixed_length": ratios},
+    }
+    return best, chosen
 
 
 def _feature_groups() -> list[tuple[str, list[str]]]:

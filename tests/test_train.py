@@ -440,3 +440,29 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
     other.tokenizer.add_special_tokens({"bos_token": "<s>"})
     with pytest.raises(DiscoError, match="another tokenizer"):
         ClassifierPolicy.for_pair(tmp_path / "clf", other)
+
+
+def test_train_on_a_batched_vllm_profile_chooses_the_rule_that_holds_up_under_load(traces_dir, tmp_path):
+    """A load profile of vLLM's batched draft (c_step, c_draft): the choice is the learned rule whose worst ratio
+    to the best fixed draft length over the concurrencies the profile covers is the highest, in lockstep
+    simulation; every rule's ratios are recorded and reported."""
+    c_step = [0.01 * (1 + 0.01 * t) for t in range(64)]
+    profile = tmp_path / "load.json"
+    profile.write_text(json.dumps({"c_d": 0.004, "c_t": c_step[:9], "c_step": c_step, "c_draft": [0.004] * 4}))
+    out = tmp_path / "clf"
+    report = train(TrainConfig([traces_dir], out, model="logistic", profile=profile, max_window=8))
+    choice = json.loads((out / "manifest.json").read_text())["choice"]
+    serving = choice["serving"]
+    assert serving["levels"] == [1, 2, 4]  # c_draft covers 4 requests; 8 would need a wider profile
+    ratios = {label: [r[str(b)] if str(b) in r else r[b] for b in serving["levels"]] for label, r in
+              serving["x_best_fixed_length"].items()}  # fmt: skip
+    assert set(ratios) == {f"logistic, {rule} rule" for rule in ("token", "cumulative", "cost", "cost-adaptive")}
+    chosen = f"{choice['model']}, {choice['rule']} rule"
+    assert min(ratios[chosen]) == max(min(r) for r in ratios.values())
+    assert choice["policy"] == "classifier" and load_artifact(out, expect_pair=PAIR).rule == choice["rule"]
+    assert "Chosen for vLLM's batched draft" in report.markdown() and f"| {chosen} |" in report.markdown()
+
+
+def test_train_without_a_batched_profile_records_no_serving_choice(traces_dir, tmp_path):
+    train(TrainConfig([traces_dir], tmp_path / "clf", model="logistic", max_window=8))
+    assert "serving" not in json.loads((tmp_path / "clf" / "manifest.json").read_text())["choice"]
