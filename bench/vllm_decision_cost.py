@@ -11,19 +11,25 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
+from disco.cpu import read_load_profile  # noqa: E402
 from disco.engines.vllm import DISCO_DRAFT, SpecConfig  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
 from disco.policy_registry import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
 
+PROFILE = "bench/vllm/serve/profile-draft.json"
 POLICIES = {
     "threshold 0.5": PolicySpec("threshold", threshold=0.5),
     "classifier (shipped vLLM artifact)": PolicySpec("classifier", classifier="models/embedded-qwen2.5-coder-vllm"),
     "classifier, token rule": PolicySpec(
         "classifier", classifier="models/embedded-qwen2.5-coder-vllm", classifier_rule="token"
     ),
+    "classifier, cost rule + load profile (pooled)": PolicySpec(
+        "classifier", classifier="models/embedded-qwen2.5-coder-vllm", classifier_rule="cost"
+    ),
 }
+LOADED = {"classifier, cost rule + load profile (pooled)"}  # decide with the batched load profile
 
 
 def main(n_prompts: int = 8, tokens: int = 64) -> None:
@@ -39,7 +45,7 @@ def main(n_prompts: int = 8, tokens: int = 64) -> None:
     print("|---|---|---|---|---|---|")
     for label, policy in POLICIES.items():
         for b in (1, 4, 8):
-            proposer.set_policy(policy)
+            proposer.set_policy(policy, read_load_profile(PROFILE) if label in LOADED else None)
             for start in range(0, len(ids), b):
                 target.generate_batch(spec, ids[start : start + b], tokens, pair.eos_token_ids, b)
             n = max(proposer.n_positions, 1)

@@ -142,13 +142,8 @@ class DiscoProposer:
         self.spare_engines.append(r.engine)
 
     def stats_for(self, prompt: list[int], request_id: str) -> GenStats | None:
-        """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once."""
-        for table in (self.finished, self.requests):
-            for rid in list(table):
-                if rid == request_id or rid.startswith(f"{request_id}-"):
-                    got = table.pop(rid)
-                    return got if isinstance(got, GenStats) else got.stats
-        return None
+        """The counts of the request vLLM's LLM returned as `request_id`, once."""
+        return vllm_proposer.take_stats(request_id, self.finished, self.requests)
 
     def _request(self, rid: str, ctx: np.ndarray) -> _Request:
         """Request `rid`'s state, made at its first step (its own draft session and policy)."""

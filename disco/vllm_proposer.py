@@ -111,6 +111,17 @@ def register() -> None:
         install()
 
 
+def take_stats(request_id: str, finished: dict[str, Any], running: dict[str, Any]) -> Any:
+    """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once: a finished
+    request's counts, or a running request's state's `.stats`; None when neither holds it (both proposers)."""
+    for table in (finished, running):
+        for rid in list(table):
+            if rid == request_id or rid.startswith(f"{request_id}-"):
+                got = table.pop(rid)
+                return got if table is finished else got.stats
+    return None
+
+
 def arm(settings: Settings | None) -> None:
     """In-process: the next draft_model proposer vLLM builds decides with `settings` (None: vLLM's own)."""
     global _ARMED
@@ -230,13 +241,8 @@ class _DiscoDraft:
         return self.load.c_draft[min(batch, len(self.load.c_draft)) - 1]
 
     def stats_for(self, prompt: list[int], request_id: str) -> Any:
-        """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once."""
-        for table in (self.finished, self.requests):
-            for rid in list(table):
-                if rid == request_id or rid.startswith(f"{request_id}-"):
-                    got = table.pop(rid)
-                    return got if table is self.finished else got.stats
-        return None
+        """The counts of the request vLLM's LLM returned as `request_id`, once."""
+        return take_stats(request_id, self.finished, self.requests)
 
     # --- vLLM's draft loop --------------------------------------------------------------------------
 
