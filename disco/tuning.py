@@ -235,6 +235,8 @@ def choose_for_load(
         b: max(simulate_batched(traces, BatchConstant(k), cost, b, max_window).tokens_per_s for k in range(1, 5))
         for b in levels
     }
+    # vLLM's draft gives its proposer no hidden state: the models that read it are not candidates there
+    learned = [entry for entry in learned if not entry.model.hidden_dim]
     ratios: dict[str, dict[int, float]] = {}
     for entry in learned:
         predict = entry.model.torch_predictor(torch.device("cpu"))
