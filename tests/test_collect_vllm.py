@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from test_cli import cli
+from test_collect import KILLED_AT_4TH_PROMPT  # a CLI run that dies at its 4th continuation, as under SIGKILL
 from test_vllm import _save, tiny_vllm_qwen
 from tiny import char_tokenizer, perturbed
 from tiny_gguf import write_tiny_gguf
@@ -170,27 +171,10 @@ def test_interrupted_run_resumes_to_the_same_rows(vpair, prompts, reference, tmp
     assert read_manifest(out)["status"]["complete"]
 
 
-# A process that dies at its 4th continuation as under SIGKILL (os._exit: no handler, no flush runs).
-KILLED_AT_4TH = """
-import os, sys
-import disco.collect as c
-real, calls = c.teacher_forced_trace, []
-def trace(*args, **kwargs):
-    calls.append(1)
-    if len(calls) == 4:
-        os._exit(9)
-    return real(*args, **kwargs)
-c.teacher_forced_trace = trace
-sys.argv = ["disco", *sys.argv[1:]]
-from disco.cli import main
-main()
-"""
-
-
 def test_killed_cli_run_resumes_to_the_same_rows(folders, vpair, prompts, reference, tmp_path):
     out = tmp_path / "killed"
     proc = subprocess.run(
-        [sys.executable, "-c", KILLED_AT_4TH, *map(str, collect_args(folders, out, "--shard-prompts", 2))],
+        [sys.executable, "-c", KILLED_AT_4TH_PROMPT, *map(str, collect_args(folders, out, "--shard-prompts", 2))],
         cwd=ROOT,
         capture_output=True,
         text=True,
