@@ -223,8 +223,8 @@ class EngineKind:
     # other engines' PairOptions fields this one reads too (vLLM: the dtype it loads, its llama.cpp draft's
     # threads and quantization): not refused on it
     shares_options: tuple[str, ...] = ()
-    # decodes by itself (vLLM): not driven by disco's loop; compare runs its serving rows, groups of prompts
-    # submitted together (serving.py)
+    # decodes by itself (vLLM): not driven by disco's loop (its `runner` decodes groups of prompts submitted
+    # together); checks.py refuses its batching options on the other engines
     serving: bool = False
     # `disco collect`'s continuations on this engine: (pair, the run's decode.DecodeConfig, max_batch) -> a
     # ContinuationSource; None: disco's own loop (collect.LoopContinuations)

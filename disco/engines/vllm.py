@@ -10,8 +10,9 @@ pair is
     draft   a disco engine running the draft for disco's proposer (serving.DiscoProposer): llama.cpp for a
             GGUF file (the embedded pair: the Q4_0 draft, ~8 ms a token here), torch for a folder.
 
-Its rows in `disco compare` are "serving rows": each decodes a group of prompts submitted together
-(`--concurrency`), so their time is the group's wall clock. Greedy output is compared with vLLM's own
+Its runner (`VllmRunner`, engines.base.Runner: generate, compare, profile and the first-turn answers on vLLM)
+decodes groups of prompts submitted together (compare's `--concurrency`): its compare rows are "serving rows",
+whose time is the group's wall clock. Greedy output is compared with vLLM's own
 target-only output (its batched verification may round differently: the mismatch rate is reported).
 `disco collect --engine vllm` gets every prompt's continuation from one batched vLLM run (`VllmContinuations`).
 """
