@@ -3,7 +3,9 @@
 For each prompt, target-only decoding runs first (it is the reference output, the oracle's
 knowledge and the speedup's denominator), then every policy in an order rotated per prompt,
 so that machine drift and cache warmth hit all policies alike. Outputs: a table, a JSON file
-with per-prompt numbers, and PNG plots.
+with per-prompt numbers, and PNG plots. The rows decode through the pair's runner (runner.py):
+disco's loop one prompt at a time; vLLM groups of prompts submitted together at each --concurrency
+level, each level's result in its own folder (docs/architecture.md, "Runners").
 
 Under sampling (temperature > 0) each prompt runs with several seeds (target-only first for each),
 speedups come with their spread over seeds, and outputs cannot be compared token by token: that
