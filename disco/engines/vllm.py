@@ -338,7 +338,7 @@ class VllmRunner:
             row = ServingRow(spec.name, SpecConfig(DISCO_DRAFT, config.max_window, str(target.draft_folder)), spec)
         else:  # a GGUF draft (vLLM loads none on CPUs), or a policy without a batched form: the side-engine proposer
             row = ServingRow(spec.name, SpecConfig("custom_class", config.max_window, PROPOSER), spec)
-        together = concurrency or len(prompts)
+        together = concurrency or max(len(prompts), 1)
         proposer = _proposer(target, row, max(together, DEFAULT_VLLM_MAX_SEQS), self.load)
         return self._groups(row, proposer, list(prompts), config, together)
 
