@@ -3,7 +3,7 @@ default engine (llama.cpp) and where drafting pays (vLLM), every policy per cate
 
     python bench/mtbench_bench.py profile-c1                    vLLM's load profile seen by one request -> bench/vllm/profile-c1.json
     python bench/mtbench_bench.py llamacpp OUT                  disco compare on llama.cpp (run_compare)
-    python bench/mtbench_bench.py vllm VLLM_ARTIFACT OUT        disco compare on vLLM at 1 request (run_serving_compare)
+    python bench/mtbench_bench.py vllm VLLM_ARTIFACT OUT        disco compare on vLLM at 1 request (run_compare)
     python bench/mtbench_bench.py report OUT/compare.json PROFILE   per-category tables (wall clock, cost model) + oracle windows
     python bench/mtbench_bench.py simulate TRACES ARTIFACT PROFILE W  every policy simulated on test traces, per category,
                                                                       and the oracle's windows there (W: longest window)
@@ -81,8 +81,6 @@ def llamacpp(out: Path) -> None:
 
 
 def vllm(artifact: str, out: Path) -> None:
-    from disco.serving import run_serving_compare
-
     pair = load_pair(PairOptions(engine="vllm"))
     tuned = tuned_from_artifact(artifact)
     entries = [
@@ -98,13 +96,13 @@ def vllm(artifact: str, out: Path) -> None:
     ]
     # one fixed length only: a fourth vLLM instance (target-only, draft-model, disco's proposer) does not fit in 24 GB
     lengths = [(OWN_K, " (tuned in issue 23)")]
-    run_serving_compare(
+    run_compare(
         pair,
         load_prompt_sources(TEST),
         entries,
         DecodeConfig(max_new_tokens=TOKENS, max_window=VLLM_WINDOW),
         out,
-        [1],
+        concurrency=[1],
         settings={"fixed_k": lengths},
         load=CostModel.load(LOAD_PROFILE),
     )

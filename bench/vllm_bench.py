@@ -6,7 +6,7 @@
     python bench/vllm_bench.py test-disco TAU OUT       test prompts: target-only and disco's rows (tuned threshold, classifier)
     python bench/vllm_bench.py exact OUT                float32 instead of bf16: is vLLM's verification exact then?
 
-Every phase is one disco compare run (serving.run_serving_compare: rows interleaved per group of prompts,
+Every phase is one disco compare run (compare.run_compare: rows interleaved per group of prompts,
 at concurrency 1 and 8) in its own process, so that only its vLLM instances hold memory: a bf16 instance of
 the embedded target holds ~6 GB of anonymous memory here, disco's proposer instance ~9 GB with its 8 llama.cpp
 draft contexts, so at most three instances fit in the 24 GB (the test table is two runs, each with its own
@@ -24,14 +24,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # whole GiB (vLLM parses an int)
 
-from disco.compare import Entry  # noqa: E402
+from disco.compare import Entry, run_compare  # noqa: E402
 from disco.cost import CostModel  # noqa: E402
 from disco.decode import DecodeConfig  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
 from disco.policy_registry import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
-from disco.serving import run_serving_compare  # noqa: E402
 
 ARTIFACT = "models/embedded-qwen2.5-coder-llamacpp"
 PROFILE = Path("bench/out/vllm/profile.json")
@@ -81,7 +80,7 @@ def main() -> None:
     # test: the lengths tuned on the validation prompts at 1 and at 8 requests (tune-k), in that order
     tags = [" (tuned at c=1)", " (tuned at c=8)"] if phase == "test-own" else [""] * len(lengths)
     settings = {"fixed_k": [(k, tag) for k, tag in zip(lengths, tags)]}
-    result = run_serving_compare(pair, prompts, entries, config, out, LEVELS, settings=settings, load=load)
+    result = run_compare(pair, prompts, entries, config, out, concurrency=LEVELS, settings=settings, load=load)
     from disco.compare import format_table
 
     for c, r in result["concurrency"].items():

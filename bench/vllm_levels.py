@@ -9,14 +9,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from pathlib import Path  # noqa: E402
 
-from disco.compare import Entry, format_table  # noqa: E402
+from disco.compare import Entry, format_table, run_compare  # noqa: E402
 from disco.cost import CostModel  # noqa: E402
 from disco.decode import DecodeConfig  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
 from disco.policy_registry import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
-from disco.serving import run_serving_compare  # noqa: E402
 
 ARTIFACT = "models/embedded-qwen2.5-coder-llamacpp"
 pair = load_pair(PairOptions(engine="vllm"))
@@ -26,8 +25,16 @@ entries = [
 ]
 load = CostModel.load("bench/out/vllm/profile.json")
 config = DecodeConfig(max_new_tokens=128, max_window=8)
-result = run_serving_compare(
-    pair, prompts, entries, config, Path(sys.argv[1]), [2, 4], settings={"fixed_k": []}, load=load, progress=False
+result = run_compare(
+    pair,
+    prompts,
+    entries,
+    config,
+    Path(sys.argv[1]),
+    concurrency=[2, 4],
+    settings={"fixed_k": []},
+    load=load,
+    progress=False,
 )
 for c, r in result["concurrency"].items():
     print(f"\n{c} requests at a time:\n" + format_table(r["summary"]))

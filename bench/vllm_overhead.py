@@ -8,13 +8,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from pathlib import Path
 
-from disco.compare import Entry, format_tables
+from disco.compare import Entry, format_tables, run_compare
 from disco.decode import DecodeConfig
 from disco.options import PairOptions
 from disco.pair import load_pair
 from disco.policy_registry import PolicySpec
 from disco.prompts import load_prompt_sources
-from disco.serving import run_serving_compare
 
 pair = load_pair(PairOptions(engine="vllm"))
 prompts = (
@@ -23,13 +22,13 @@ prompts = (
     + load_prompt_sources(["explain-test"], 3)
 )
 entries = [Entry("proposer that never drafts", PolicySpec("target"))]
-r = run_serving_compare(
+r = run_compare(
     pair,
     prompts,
     entries,
     DecodeConfig(max_new_tokens=64, max_window=8),
     Path("bench/out/vllm/overhead"),
-    [8],
+    concurrency=[8],
     settings={"fixed_k": []},
     progress=False,
 )

@@ -22,16 +22,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from disco.decode import DecodeConfig, target_generate
-from disco.defaults import DEFAULT_VLLM_MAX_SEQS
+from disco.decode import DecodeConfig
 from disco.embedded import cache_root
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, file_lock
 from disco.pair import Pair
+from disco.policy_registry import PolicySpec
 from disco.prompts import Prompt
+from disco.runner import runner_for
 
 ANSWERS_FORMAT = "disco-turn1-answers/1"
 ANSWERS_DIR = "turn1-answers"  # under the cache root
+TARGET_ONLY = PolicySpec("target")  # the answers are the target's own greedy decoding
 
 
 def answers_record(pair: Pair, chat: bool, max_new_tokens: int) -> dict:
@@ -91,20 +93,16 @@ def _answer(
     if progress:
         print(f"disco: answering {len(todo)} first turns with the target (cached in {path})", file=sys.stderr)
     encoded = [_encode(pair, p, max_new_tokens, chat) for p in todo]  # every check before the first answer
-    # A serving engine (vLLM) decodes by itself, several requests at once (its target has no session): its
-    # own greedy output, in batches; the others answer one prompt at a time through disco's target loop.
-    batch = DEFAULT_VLLM_MAX_SEQS if pair.serving else 1
+    # the pair's runner (disco's loop one prompt at a time; vLLM several requests at once, its own greedy output)
+    runner = runner_for(pair)
     bar = tqdm(total=len(todo), desc="turn 1", unit="prompt", disable=not progress, file=sys.stderr)
-    for start in range(0, len(todo), batch):
-        chunk = range(start, min(start + batch, len(todo)))
-        if pair.serving:
-            outs = pair.target_engine.greedy([encoded[i] for i in chunk], max_new_tokens, pair.eos_token_ids)
-        else:
-            outs = [target_generate(pair.target, encoded[i], config, pair.eos_token_ids).tokens for i in chunk]
-        for i, tokens in zip(chunk, outs):
+    for start in range(0, len(todo), runner.group):
+        chunk = range(start, min(start + runner.group, len(todo)))
+        outs = runner.decode([encoded[i] for i in chunk], TARGET_ONLY, config)
+        for i, res in zip(chunk, outs):
             p = todo[i]
-            answers[p.id] = {"question": p.prompt, "answer": pair.decode(tokens).strip(), "tokens": len(tokens)}
-        # after each batch: a kill loses at most one batch
+            answers[p.id] = {"question": p.prompt, "answer": pair.decode(res.tokens).strip(), "tokens": len(res.tokens)}
+        # after each group: a kill loses at most one group
         atomic_write_json(path, {"record": record, "answers": answers})
         bar.update(len(chunk))
     bar.close()

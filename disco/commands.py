@@ -1,7 +1,7 @@
 """What `disco generate`, `compare`, `collect` and `profile` do once their options are parsed and checked.
 
 disco.cli parses a command's options, refuses what disco.checks refuses, and calls the function of the same name
-here: load the prompts and the pair, run the stage (the serving one when the engine decodes by itself), print
+here: load the prompts and the pair, run the stage (decoding through the pair's runner, disco.runner), print
 what it found and write its files. Stdout gets the results (text, tables), stderr the progress lines.
 """
 
@@ -35,7 +35,6 @@ def generate(
     options: PairOptions,
 ) -> None:
     """`disco generate`: one prompt or a prompt set under one policy; text on stdout, stats on stderr."""
-    from disco.decode import generate as run_generate
     from disco.files import atomic_write_json, write_or_rescue
     from disco.pair import apply_pair_file, load_pair
     from disco.prompts import Prompt, load_prompt_sources
@@ -48,19 +47,16 @@ def generate(
     _say("loading the pair …")
     pair = load_pair(options)
     from disco.answers import answer_first_turns
+    from disco.runner import runner_for
 
     items = answer_first_turns(pair, items, config.max_new_tokens, chat)  # mt-bench-2: the first turns' answers
     compile_s = pair.warm_up(max(len(pair.encode(i.prompt, chat)) for i in items) + config.max_new_tokens)
     if compile_s:
         _say(f"compiled the captured steps in {compile_s:.1f}s (once; not in the timings below)")
     records = []
-    served = None
-    if pair.serving:  # vLLM decodes by itself: the prompts go in together, disco's proposer inside
-        from disco.serving import serving_generate
-
-        served = serving_generate(pair, [pair.encode(i.prompt, chat) for i in items], spec, config)
-    for n, item in enumerate(items):
-        res = served[n] if served is not None else run_generate(pair, item.prompt, spec, config, chat)
+    # as the engine decodes a prompt set: disco's loop one at a time, vLLM all together (its proposer inside)
+    decoded = runner_for(pair).decode([pair.encode(i.prompt, chat) for i in items], spec, config)
+    for item, res in zip(items, decoded):
         text = pair.decode(res.tokens)
         typer.echo(text if len(items) == 1 else f"--- {item.id}\n{text}")
         _say(f"[{spec.name}] {res.stats.summary()}")
@@ -105,7 +101,8 @@ def compare(
     options: PairOptions,
 ) -> None:
     """`disco compare`: every row on the same prompts; the tables on stdout, compare.json and plots under `out`."""
-    from disco.compare import check_seeds, default_entries, format_tables, run_compare, select_entries
+    from disco.compare import check_seeds, default_entries, report, run_compare, select_entries, written
+    from disco.cpu import read_load_profile
     from disco.pair import apply_pair_file, load_pair
     from disco.prompts import load_prompt_sources
 
@@ -142,21 +139,14 @@ def compare(
         more_classifiers=classifiers[1:],
     )
     entries = select_entries(entries, policies)
-    if pair.serving:  # vLLM decodes by itself: its rows run groups of prompts submitted together
-        from disco.cpu import read_load_profile
-        from disco.serving import run_serving_compare
-
-        levels, lengths = _int_list(concurrency, "--concurrency"), _int_list(fixed_k, "--fixed-k")
-        load = read_load_profile(load_profile) if load_profile is not None else None
-        settings = {"fixed_k": [(k, "") for k in lengths]}
-        served = run_serving_compare(pair, items, entries, config, out, levels, chat, settings=settings, load=load)
-        for c, result in served["concurrency"].items():
-            typer.echo(f"\n{c} request(s) at a time:\n" + format_tables(result))
-        _say(f"wrote {out}/table.md and c*/compare.json, table.md, plots")
-        return
-    result = run_compare(pair, items, entries, config, out, chat, seeds=seeds)
-    typer.echo(format_tables(result))
-    _say(f"wrote {out}/compare.json, table.md and plots")
+    levels, lengths = _int_list(concurrency, "--concurrency"), _int_list(fixed_k, "--fixed-k")
+    load = read_load_profile(load_profile) if load_profile is not None else None
+    settings = {"fixed_k": [(k, "") for k in lengths]}  # vLLM's own draft-model rows
+    result = run_compare(
+        pair, items, entries, config, out, chat, seeds=seeds, concurrency=levels, settings=settings, load=load
+    )
+    typer.echo(report(result))
+    _say(written(out, result))
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -224,16 +214,13 @@ def profile(
     """`disco profile`: the pair's cost model measured here, printed and written (default: under the cache root)."""
     from disco.files import atomic_write_json, write_or_rescue
     from disco.pair import load_pair
-    from disco.profile import default_profile_path, format_profile, profile_pair
+    from disco.profile import default_profile_path, format_profile
+    from disco.runner import runner_for
 
     _say("loading the pair …")
     pair = load_pair(options)
-    if pair.serving:  # vLLM: its step cost by the tokens in a step, requests x (window + 1)
-        from disco.serving import profile_load
-
-        result = profile_load(pair, max_window, context, max_batch)
-    else:
-        result = profile_pair(pair, max_window, context, repeats, warmup)
+    # disco's loop: c_d and c_t(k) on the engines' sessions; vLLM: its step cost by the tokens in a step
+    result = runner_for(pair).profile(max_window, context, repeats, warmup, max_batch)
     path = out if out is not None else default_profile_path(pair)
     typer.echo(format_profile(result))  # first: a failed write below then loses nothing
     write_or_rescue(path, lambda p: atomic_write_json(p, result), "profile")

@@ -3,7 +3,9 @@
 For each prompt, target-only decoding runs first (it is the reference output, the oracle's
 knowledge and the speedup's denominator), then every policy in an order rotated per prompt,
 so that machine drift and cache warmth hit all policies alike. Outputs: a table, a JSON file
-with per-prompt numbers, and PNG plots.
+with per-prompt numbers, and PNG plots. The rows decode through the pair's runner (runner.py):
+disco's loop one prompt at a time; vLLM groups of prompts submitted together at each --concurrency
+level, each level's result in its own folder (docs/architecture.md, "Runners").
 
 Under sampling (temperature > 0) each prompt runs with several seeds (target-only first for each),
 speedups come with their spread over seeds, and outputs cannot be compared token by token: that
@@ -25,17 +27,18 @@ import torch
 
 from disco.cost import CostModel
 from disco.crash import keep
-from disco.decode import DecodeConfig, GenResult, GenStats, generate, target_generate, warp
+from disco.decode import DecodeConfig, GenResult, GenStats, warp
 from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H
-from disco.engines.base import Anchor, Variant
+from disco.engines.base import Anchor, CompareRow, Variant
 from disco.engines.registry import ANCHOR_NAMES, teacher_forced
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, atomic_write_text, write_dir
 from disco.pair import Pair
 from disco.policy_registry import PolicySpec
 from disco.prompts import Prompt
+from disco.runner import TARGET_LABEL, runner_for
 
-TARGET_LABEL = "target"
+__all__ = ["TARGET_LABEL", "Entry", "default_entries", "run_compare", "summarise"]
 
 
 @dataclass
@@ -172,13 +175,22 @@ def run_compare(
     progress: bool = True,
     plots: bool = True,
     seeds: int = 1,
+    concurrency: Sequence[int] = (1,),
+    settings: dict | None = None,
+    load: CostModel | None = None,
 ) -> dict:
-    """Run every entry on every prompt (with `seeds` seeds config.seed, config.seed + 1, … when sampling);
-    write compare.json, table.md and plots into out_dir."""
+    """Run every entry on every prompt (with `seeds` seeds config.seed, config.seed + 1, … when sampling) through
+    the pair's runner (runner.runner_for), at each of its `concurrency` levels: the prompts in groups of c decoded
+    together (one at a time on disco's loop), target-only first, the other rows' order rotated per group and seed.
+    Writes compare.json, table.md and plots into out_dir; a runner with results by level (vLLM) writes them into
+    out_dir/c{c}/ and all tables into out_dir/table.md, and returns {"concurrency": {c: result}}.
+    settings: the engine's own rows' settings (vLLM: fixed_k, proposers); load: a vLLM load profile."""
     sampled = config.temperature > 0
     check_seeds(seeds, config.temperature)
-    if not entries:
-        raise DiscoError("no policy row to run beside target-only: choose rows with --policies (or drop it)")
+    runner = runner_for(pair, load)
+    levels = runner.levels(concurrency)
+    rows = runner.rows(entries, config, settings or {}, max(levels))
+    ref_row, others = rows[0], rows[1:]
     greedy_only = sorted({e.spec.name for e in entries if e.spec is not None and e.spec.kind.greedy_only})
     if sampled and greedy_only:
         raise DiscoError(
@@ -190,71 +202,130 @@ def run_compare(
     from disco.answers import answer_first_turns
 
     prompts = answer_first_turns(pair, prompts, config.max_new_tokens, chat, progress)  # mt-bench-2: turn 1 first
-    per_prompt: list[dict] = []
+    ids = [pair.encode(p.prompt, chat) for p in prompts]
     partial = _Partial(Path(out_dir))
     # captured steps (torch --compile) are compiled here, once, not inside any timed decode
-    compile_s = pair.warm_up(max(len(pair.encode(p.prompt, chat)) for p in prompts) + config.max_new_tokens)
+    compile_s = pair.warm_up(max(len(i) for i in ids) + config.max_new_tokens)
+    results: dict[int, dict] = {}
     with partial.said_on_error(), contextlib.ExitStack() as stack:
-        for entry in entries:  # the engines' own decoding (servers) starts before any timing
-            if entry.own is not None:
-                entry.own.start(stack, progress)
-        bar = tqdm(total=len(prompts) * seeds * (len(entries) + 1), desc="compare", unit="run", disable=not progress)
+        for row in rows:  # the engines' own decoding (servers) starts before any timing
+            row.start(stack, progress)
+        total = len(levels) * len(prompts) * seeds * len(rows)
+        bar = tqdm(total=total, desc="compare", unit="run", disable=not progress)
         stack.callback(bar.close)  # an error's line then starts a line of its own
-        for i, item in enumerate(prompts):
-            ids = pair.encode(item.prompt, chat)
-            for s in range(seeds):
-                cfg = replace(config, seed=config.seed + s)
-                ref = target_generate(pair.target, ids, cfg, pair.eos_token_ids)
-                bar.update(1)
-                row = {
-                    "id": item.id,
-                    "task": item.task,
-                    "seed": cfg.seed if sampled else None,
-                    "prompt_tokens": len(ids),
-                    "runs": {TARGET_LABEL: _record(pair, ids, cfg, ref, ref)},
-                }
-                shift = (i * seeds + s) % len(entries)
-                for entry in entries[shift:] + entries[:shift]:  # rotate the order per prompt and seed
-                    bar.set_postfix_str(f"{item.id}: {entry.label}")
-                    if entry.own is not None:
-                        res = entry.own.generate(ids, cfg, pair.eos_token_ids)
-                    else:
-                        with entry.variant.applied(pair) if entry.variant else contextlib.nullcontext():
-                            res = generate(pair, item.prompt, entry.spec, cfg, chat, target_tokens=ref.tokens)
-                    forwards_known = entry.own is None or entry.own.forwards_known
-                    row["runs"][entry.label] = _record(pair, ids, cfg, res, ref, forwards_known=forwards_known)
-                    bar.update(1)
-                per_prompt.append(row)
-                partial.add(row)
+        for c in levels:
+            per_prompt: list[dict] = []
+            costs: dict[str, list[float]] = {}  # disco's proposer's own time (vLLM): decide_s, forward_s, drafts
+            for g, start in enumerate(range(0, len(prompts), c)):
+                group = list(range(start, min(start + c, len(prompts))))
+                group_ids = [ids[i] for i in group]
+                for s in range(seeds):
+                    cfg = replace(config, seed=config.seed + s)
+                    bar.set_postfix_str(f"c={c}: {prompts[start].id}: {TARGET_LABEL}")
+                    refs = ref_row.decode(group_ids, cfg, None, c)
+                    bar.update(len(group))
+                    done = [
+                        {
+                            "id": prompts[i].id,
+                            "task": prompts[i].task,
+                            "seed": cfg.seed if sampled else None,
+                            "prompt_tokens": len(ids[i]),
+                            "runs": {TARGET_LABEL: _record(pair, ids[i], cfg, ref, ref, ref_row.forwards_known)},
+                        }
+                        for i, ref in zip(group, refs)
+                    ]
+                    shift = (g * seeds + s) % len(others)
+                    for row in others[shift:] + others[:shift]:  # rotate the order per group and seed
+                        bar.set_postfix_str(f"c={c}: {prompts[start].id}: {row.label}")
+                        res = row.decode(group_ids, cfg, refs, c)
+                        for n, i in enumerate(group):
+                            record = _record(pair, ids[i], cfg, res[n], refs[n], forwards_known=row.forwards_known)
+                            done[n]["runs"][row.label] = record
+                        bar.update(len(group))
+                        if row.costs is not None:
+                            cost = costs.setdefault(row.label, [0.0, 0.0, 0])
+                            cost[0], cost[1] = cost[0] + row.costs[0], cost[1] + row.costs[1]
+                            cost[2] += sum(d["runs"][row.label]["draft_forwards"] for d in done)
+                    for d in done:
+                        per_prompt.append(d)
+                        partial.add(d)
+            results[c] = _result(pair, config, runner.by_level, c, seeds, compile_s, ref_row, others, per_prompt, costs)
         bar.close()
 
-    labels = [TARGET_LABEL] + [e.label for e in entries]
-    summary, by_task = summarise(labels, per_prompt)
-    result = {
+    def fill(folder: Path) -> None:  # a new folder replacing the old whole: no stale plot stays
+        if not runner.by_level:
+            _write_result(results[1], folder, plots)
+            return
+        tables = []
+        for c, result in results.items():
+            sub = folder / f"c{c}"
+            sub.mkdir()
+            _write_result(result, sub, plots)
+            tables.append(f"## {c} request{'s' if c > 1 else ''} at a time ({TARGET_LABEL} = {ref_row.label})\n\n")
+            tables[-1] += format_tables(result) + "\n"
+        atomic_write_text(folder / "table.md", "\n".join(tables))
+        atomic_write_json(folder / "compare.json", {"concurrency": {str(c): r for c, r in results.items()}})
+
+    write_dir(out_dir, fill, "comparison")
+    with contextlib.suppress(OSError):
+        partial.path.unlink(missing_ok=True)
+    return {"concurrency": results} if runner.by_level else results[1]
+
+
+def _result(
+    pair: Pair,
+    config: DecodeConfig,
+    by_level: bool,
+    c: int,
+    seeds: int,
+    compile_s: float,
+    ref_row: CompareRow,
+    others: list[CompareRow],
+    per_prompt: list[dict],
+    costs: dict[str, list[float]],
+) -> dict:
+    """One level's compare result: the rows summarised over the prompts (and by task), the prompts' runs."""
+    summary, by_task = summarise([TARGET_LABEL, *(r.label for r in others)], per_prompt)
+    for label, (decide_s, forward_s, drafts) in costs.items():  # the proposer's time per draft token
+        n = max(drafts, 1)
+        summary[label]["decide_ms_per_draft"] = 1000 * decide_s / n
+        summary[label]["draft_ms_per_draft"] = 1000 * forward_s / n
+    reference = TARGET_LABEL if ref_row.label == TARGET_LABEL else f"{TARGET_LABEL} ({ref_row.label})"
+    return {
         "pair": pair.describe(),
         "config": config.__dict__,
-        "n_prompts": len(prompts),
+        "n_prompts": len(per_prompt) // seeds,  # every prompt ran with every seed
         "seeds": seeds,
-        "compile_s": compile_s,
-        "reference": TARGET_LABEL,
-        "anchors": [e.label for e in entries if e.anchor],
+        **({"concurrency": c} if by_level else {"compile_s": compile_s}),
+        "reference": reference,
+        "anchors": [r.label for r in others if r.anchor],
         "summary": summary,
         "summary_by_task": by_task,
         "prompts": per_prompt,
     }
 
-    def fill(folder: Path) -> None:  # a new folder replacing the old whole: no stale plot stays
-        atomic_write_json(folder / "compare.json", result)
-        atomic_write_text(folder / "table.md", format_tables(result) + "\n")
-        if plots:
-            from disco.plots import write_plots
 
-            write_plots(result, folder)
+def _write_result(result: dict, folder: Path, plots: bool) -> None:
+    atomic_write_json(folder / "compare.json", result)
+    atomic_write_text(folder / "table.md", format_tables(result) + "\n")
+    if plots:
+        from disco.plots import write_plots
 
-    write_dir(out_dir, fill, "comparison")
-    with contextlib.suppress(OSError):
-        partial.path.unlink(missing_ok=True)
-    return result
+        write_plots(result, folder)
+
+
+def report(result: dict) -> str:
+    """What `disco compare` prints: run_compare's tables, each level's under its heading (vLLM)."""
+    if "concurrency" not in result or not isinstance(result["concurrency"], dict):
+        return format_tables(result)
+    return "\n".join(f"\n{c} request(s) at a time:\n" + format_tables(r) for c, r in result["concurrency"].items())
+
+
+def written(out_dir: Path, result: dict) -> str:
+    """The line saying what run_compare wrote."""
+    if "concurrency" in result and isinstance(result["concurrency"], dict):
+        return f"wrote {out_dir}/table.md and c*/compare.json, table.md, plots"
+    return f"wrote {out_dir}/compare.json, table.md and plots"
 
 
 class _Partial:

@@ -21,7 +21,7 @@ import torch
 
 from disco.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_MAX_WINDOW, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from disco.engines.base import Engine, Session, sync
-from disco.engines.registry import as_engine, check_compatible
+from disco.engines.registry import check_compatible, loop_engine
 from disco.errors import DiscoError
 from disco.features import target_signals
 from disco.policy import DraftStep, StoppingPolicy, decide_now
@@ -147,8 +147,8 @@ def speculative_generate(
     if not prompt_ids:
         raise DiscoError("the prompt is empty: give at least one token of text")
     max_window = config.max_window if draft is not None and policy is not None else 0
-    target = as_engine(target)  # a torch model runs on the torch engine
-    draft = as_engine(draft) if max_window > 0 else None
+    target = loop_engine(target)  # a torch model runs on the torch engine
+    draft = loop_engine(draft) if max_window > 0 else None
     if draft is not None:
         check_compatible(target, draft)
     device = target.device
@@ -258,11 +258,18 @@ def generate(
     chat: bool | None = None,
     target_tokens: list[int] | None = None,
 ) -> GenResult:
-    """Encode a prompt for `pair` and decode it under the policy `spec` (the CLI's `generate`).
+    """Encode a prompt for `pair` and decode it under the policy `spec` (generate_ids)."""
+    config.validate()
+    return generate_ids(pair, pair.encode(prompt, chat), spec, config, target_tokens)
+
+
+def generate_ids(
+    pair, ids: list[int], spec: PolicySpec, config: DecodeConfig, target_tokens: list[int] | None = None
+) -> GenResult:
+    """Decode the prompt `ids` under the policy `spec` (runner.LoopRunner: the CLI's `generate`, compare's rows).
 
     target_tokens: the target's greedy continuation if already known (the oracle needs it)."""
     config.validate()
-    ids = pair.encode(prompt, chat)
     if len(ids) + config.max_new_tokens > pair.context_length:
         raise DiscoError(
             f"the prompt ({len(ids)} tokens) plus --max-new-tokens {config.max_new_tokens} exceeds the "

@@ -58,13 +58,6 @@ class Pair(PairParts):
     def engine_name(self) -> str:
         return self.target_engine.name
 
-    @property
-    def serving(self) -> bool:
-        """Its engine decodes by itself (vLLM): compare runs serving rows (EngineKind.serving)."""
-        from disco.engines.registry import ENGINE_KINDS
-
-        return ENGINE_KINDS[self.engine_name].serving
-
     def encode(self, prompt: str | list[dict], chat: bool | None = None) -> list[int]:
         """Token ids of a prompt: the chat template for instruct models (default when the
         tokenizer has one), else `tokenizer(prompt)` exactly as the tokenizer does by default."""

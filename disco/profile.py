@@ -22,29 +22,10 @@ from disco.cost import CostModel
 from disco.defaults import DEFAULT_CONTEXT, DEFAULT_MAX_WINDOW, DEFAULT_REPEATS, DEFAULT_WARMUP
 from disco.embedded import EMBEDDED_NAME
 from disco.engines.base import Session, sync
-from disco.engines.registry import as_engine
+from disco.engines.registry import loop_engine
 from disco.errors import DiscoError
 from disco.pair import Pair
-
-# The context: ordinary code, repeated until it has enough tokens.
-_CONTEXT_TEXT = (
-    "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
-    '    """Merge two sorted lists into one sorted list in linear time."""\n'
-    "    out, i, j = [], 0, 0\n"
-    "    while i < len(a) and j < len(b):\n"
-    "        if a[i] <= b[j]:\n"
-    "            out.append(a[i]); i += 1\n"
-    "        else:\n"
-    "            out.append(b[j]); j += 1\n"
-    "    return out + a[i:] + b[j:]\n\n"
-)
-
-
-def context_ids(tokenizer, n: int) -> list[int]:
-    ids = list(tokenizer(_CONTEXT_TEXT)["input_ids"])
-    if not ids:
-        raise DiscoError("the tokenizer returned no tokens for the profiling context")
-    return (ids * (n // len(ids) + 1))[:n]
+from disco.prompts import context_ids
 
 
 def _median_time(
@@ -91,7 +72,7 @@ def profile_pair(
     compile_s = pair.warm_up(len(ids))  # captured steps: compiled before any timing
     sessions = {}
     for role, model in (("target", pair.target), ("draft", pair.draft)):
-        sessions[role] = as_engine(model).session(ids[:context], capacity=len(ids))
+        sessions[role] = loop_engine(model).session(ids[:context], capacity=len(ids))
         sessions[role].prefill()
         sessions[role].forward(ids[context - 1 : context], 1)
     feed = ids[context:]

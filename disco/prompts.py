@@ -228,3 +228,25 @@ def load_prompt_sources(sources: Sequence[str], limit: int | None = None) -> lis
             origin[p.id] = name
             prompts.append(p)
     return prompts
+
+
+# `disco profile`'s context: ordinary code, repeated until it has enough tokens (profile.py, engines/vllm.py).
+_CONTEXT_TEXT = (
+    "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
+    '    """Merge two sorted lists into one sorted list in linear time."""\n'
+    "    out, i, j = [], 0, 0\n"
+    "    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n"
+    "            out.append(a[i]); i += 1\n"
+    "        else:\n"
+    "            out.append(b[j]); j += 1\n"
+    "    return out + a[i:] + b[j:]\n\n"
+)
+
+
+def context_ids(tokenizer, n: int) -> list[int]:
+    """The first n tokens of the profiling context."""
+    ids = list(tokenizer(_CONTEXT_TEXT)["input_ids"])
+    if not ids:
+        raise DiscoError("the tokenizer returned no tokens for the profiling context")
+    return (ids * (n // len(ids) + 1))[:n]

@@ -1,6 +1,6 @@
-"""disco's policy inside vLLM's speculative decoding: the side-engine proposer, and `disco compare`/`profile`/
-`generate --engine vllm` (docs/architecture.md, "vLLM"). The proposer on vLLM's own batched draft is
-vllm_proposer.py; compare runs both.
+"""disco's policy inside vLLM's speculative decoding: the side-engine proposer (docs/architecture.md, "vLLM").
+The proposer on vLLM's own batched draft is vllm_proposer.py; compare runs both, through the vLLM runner
+(engines.vllm.VllmRunner, which also runs `generate` and `profile` on vLLM).
 
 The side-engine proposer: vLLM loads it by name:
 
@@ -17,7 +17,8 @@ Load awareness: given a vLLM load profile (`disco profile --engine vllm`: the ta
 tokens in the step), the cost rules decide with the cost model of the batch they are in (CostModel.at_load):
 a request's extra draft token costs what it adds to the whole step, so under load they draft less or not at all.
 
-The policy and pair come from the process (compare sets them: vLLM's engine core runs in-process) or, under
+The policy and pair come from the process (the vLLM runner sets them in vllm_proposer.SHARED: vLLM's engine core
+runs in-process) or, under
 `vllm serve`, from the JSON file named by DISCO_VLLM_POLICY (README, "Serving with vLLM").
 """
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,45 +33,21 @@ import numpy as np
 import torch
 
 from disco import vllm_proposer
-from disco.answers import answer_first_turns
 from disco.cost import CostModel, load_view
-from disco.cpu import read_load_profile, this_machine
+from disco.cpu import read_load_profile
 from disco.decode import DecodeConfig, Drafter
-from disco.defaults import (
-    DEFAULT_VLLM_MAX_SEQS,
-    DEFAULT_VLLM_PROPOSERS,
-    VLLM_PROFILE_BATCHES,
-    VLLM_PROFILE_WINDOWS,
-)
-from disco.engines.vllm import DISCO_DRAFT, ServingRow, SpecConfig
+from disco.engines.vllm import PROPOSER
 from disco.errors import DiscoError, said_in_one_line
-from disco.pair import Pair
 from disco.policy import StoppingPolicy, decide_now
 from disco.policy_registry import PolicySpec
 from disco.rounds import draft_window, end_round, leading_run
-from disco.stats import GenResult, GenStats
-from disco.vllm_proposer import read_settings
+from disco.stats import GenStats
+from disco.vllm_proposer import SHARED, Shared, read_settings
 
-PROPOSER = "disco.serving.DiscoProposer"
+__all__ = ["ENV", "PROPOSER", "SHARED", "DiscoProposer", "Shared"]
 ENV = vllm_proposer.ENV  # the settings JSON: {"policy": {PolicySpec fields}, "pair": {...}, "profile": ...}
 GREEDY = DecodeConfig()  # the proposer drafts each request's most likely tokens (vLLM verifies, also when sampling)
 _WARNED: set[str] = set()  # classifiers already told they read target signals vLLM cannot give (once each)
-
-
-@dataclass
-class Shared:
-    """What this process's proposer drafts with (set by compare before vLLM builds it, or read from ENV)."""
-
-    pair: Pair | None = None  # the draft engine, the tokenizer (token classes), the names the artifact checks
-    policy: PolicySpec = field(default_factory=lambda: PolicySpec("threshold"))
-    load: CostModel | None = None  # a vLLM load profile (c_step): the cost rules decide per batch
-    proposer: DiscoProposer | None = None  # the live proposer (compare reads its counts)
-    # keep finished requests' counts until asked for (in-process compare, profile, generate); under `vllm serve`
-    # nothing is kept per finished request (memory stays flat however many it serves)
-    keep_stats: bool = False
-
-
-SHARED = Shared()
 
 
 class _Request:
@@ -236,289 +212,3 @@ def _load_shared_from_env() -> None:
             raise DiscoError(f"the proposer's classifier {path} is not an artifact (no manifest.json): check {ENV}")
     SHARED.policy = PolicySpec(**policy)
     SHARED.load = read_load_profile(settings["profile"]) if settings.get("profile") else None
-
-
-# --- disco compare --engine vllm -----------------------------------------------------------------------
-
-
-def serving_rows(pair: Pair, entries: list, max_window: int, settings: dict) -> list[ServingRow]:
-    """vLLM's own rows (target-only first: the reference; its draft-model decoding at fixed lengths), then
-    each of compare's policy entries as disco's proposers inside vLLM: on vLLM's own draft ("vllm draft +
-    POLICY", where the pair has a draft folder and the policy a batched form) and on the side engine ("vllm +
-    POLICY"), as settings["proposers"] asks. The oracle needs the target's output in advance and has no vLLM row."""
-    target = pair.target_engine
-    rows = target.serving_rows(settings)
-    side = SpecConfig("custom_class", max_window, PROPOSER)
-    draft = SpecConfig(DISCO_DRAFT, max_window, str(target.draft_folder)) if target.draft_folder else None
-    proposers = settings.get("proposers", DEFAULT_VLLM_PROPOSERS)
-    for e in entries:
-        if e.spec is None or e.spec.kind.needs_target_tokens or e.variant is not None:
-            continue
-        if draft is not None and "draft" in proposers and e.spec.kind.batched is not None:
-            rows.append(ServingRow(f"vllm draft + {e.label}", draft, policy=e.spec))
-        if "side" in proposers:
-            rows.append(ServingRow(f"vllm + {e.label}", side, policy=e.spec))
-    return rows
-
-
-def run_serving_compare(
-    pair: Pair,
-    prompts: list,
-    entries: list,
-    config: DecodeConfig,
-    out_dir: Path,
-    concurrency: list[int],
-    chat: bool | None = None,
-    progress: bool = True,
-    plots: bool = True,
-    settings: dict | None = None,
-    load: CostModel | None = None,
-) -> dict:
-    """Every row on every prompt at each concurrency: the prompts in groups of c submitted together, the
-    rows' order rotated per group; each request's time is its share of its group's wall clock (by tokens),
-    so pooled figures are the groups' throughput. One compare result per concurrency (compare.json,
-    table.md, plots in out_dir/c{c}/) and all tables in out_dir/table.md."""
-    from tqdm import tqdm
-
-    from disco.compare import TARGET_LABEL, _record, format_tables, summarise
-    from disco.files import atomic_write_json, atomic_write_text, write_dir
-
-    if config.temperature > 0:
-        raise DiscoError("compare --engine vllm runs greedy decoding (vLLM's outputs are compared token by token)")
-    target = pair.target_engine
-    rows = serving_rows(pair, entries, config.max_window, settings or {})
-    ref_row, others = rows[0], rows[1:]
-    if not others:
-        raise DiscoError("no row to run beside vLLM target-only: choose rows with --policies")
-    SHARED.pair, SHARED.load, SHARED.keep_stats = pair, load, True
-    prompts = answer_first_turns(pair, prompts, config.max_new_tokens, chat, progress)  # mt-bench-2: turn 1 first
-    ids = [pair.encode(p.prompt, chat) for p in prompts]
-    results: dict[int, dict] = {}
-    bar = tqdm(total=len(concurrency) * len(prompts) * len(rows), desc="compare", unit="run", disable=not progress)
-    for c in concurrency:
-        per_prompt = [
-            {"id": p.id, "task": p.task, "seed": None, "prompt_tokens": len(i), "runs": {}}
-            for p, i in zip(prompts, ids)
-        ]
-        costs: dict[str, dict] = {}
-        refs: dict[int, GenResult] = {}  # vLLM target-only's output of each prompt: what "= target" compares with
-        for g, start in enumerate(range(0, len(prompts), c)):
-            group = list(range(start, min(start + c, len(prompts))))
-            group_ids = [ids[i] for i in group]
-            shift = g % len(others)
-            for row in [ref_row, *others[shift:], *others[:shift]]:
-                bar.set_postfix_str(f"c={c}: {row.label}")
-                proposer = _proposer(target, row, max(concurrency), load)
-                results_, request_ids, wall = row.generate(
-                    target, group_ids, config.max_new_tokens, pair.eos_token_ids, c
-                )
-                _apportion(results_, group_ids, request_ids, wall, proposer)
-                for i, res in zip(group, results_):
-                    if row is ref_row:
-                        refs[i] = res
-                    label = TARGET_LABEL if row is ref_row else row.label
-                    per_prompt[i]["runs"][label] = _record(pair, ids[i], config, res, refs[i], forwards_known=False)
-                    bar.update(1)
-                if proposer is not None:
-                    cost = costs.setdefault(row.label, {"decide_s": 0.0, "forward_s": 0.0, "draft_forwards": 0})
-                    cost["decide_s"] += proposer.decide_s
-                    cost["forward_s"] += proposer.forward_s
-                    cost["draft_forwards"] += sum(r["draft_forwards"] for r in _runs(per_prompt, group, row.label))
-        labels = [TARGET_LABEL, *(r.label for r in others)]
-        summary, by_task = summarise(labels, per_prompt)
-        for label, cost in costs.items():  # the proposer's own time per draft token: deciding vs drafting
-            n = max(cost["draft_forwards"], 1)
-            summary[label]["decide_ms_per_draft"] = 1000 * cost["decide_s"] / n
-            summary[label]["draft_ms_per_draft"] = 1000 * cost["forward_s"] / n
-        results[c] = {
-            "pair": pair.describe(),
-            "config": config.__dict__,
-            "n_prompts": len(prompts),
-            "seeds": 1,
-            "concurrency": c,
-            "reference": f"{TARGET_LABEL} ({ref_row.label})",
-            "anchors": [r.label for r in others if r.policy is None],
-            "summary": summary,
-            "summary_by_task": by_task,
-            "prompts": per_prompt,
-        }
-    bar.close()
-
-    def fill(folder: Path) -> None:
-        tables = []
-        for c, result in results.items():
-            sub = folder / f"c{c}"
-            sub.mkdir()
-            atomic_write_json(sub / "compare.json", result)
-            atomic_write_text(sub / "table.md", format_tables(result) + "\n")
-            tables.append(f"## {c} request{'s' if c > 1 else ''} at a time ({TARGET_LABEL} = {ref_row.label})\n\n")
-            tables[-1] += format_tables(result) + "\n"
-            if plots:
-                from disco.plots import write_plots
-
-                write_plots(result, sub)
-        atomic_write_text(folder / "table.md", "\n".join(tables))
-        atomic_write_json(folder / "compare.json", {"concurrency": {str(c): r for c, r in results.items()}})
-
-    write_dir(out_dir, fill, "comparison")
-    return {"concurrency": results}
-
-
-def _runs(per_prompt: list[dict], group: list[int], label: str) -> list[dict]:
-    return [per_prompt[i]["runs"][label] for i in group if label in per_prompt[i]["runs"]]
-
-
-def _proposer(target, row: ServingRow, max_seqs: int, load: CostModel | None) -> Any:
-    """disco's proposer for `row` (None: one of vLLM's own rows), built once, set to the row's policy: the one on
-    vLLM's draft (vllm_proposer.DiscoDraftProposer) or the side-engine one (DiscoProposer, found in SHARED)."""
-    if row.policy is None:
-        return None
-    if row.spec.method == DISCO_DRAFT:
-        proposer = target.proposer(row.spec, max_seqs)
-    else:
-        target.llm(row.spec, max_seqs)  # built once; its proposer registers itself in SHARED
-        proposer = SHARED.proposer
-    assert proposer is not None
-    proposer.set_policy(row.policy, load)
-    return proposer
-
-
-def _apportion(
-    results: list[GenResult], prompts: list[list[int]], request_ids: list[str], wall: float, proposer: Any
-) -> None:
-    """Give each request of a group its share of the group's wall clock (by tokens) and, from disco's proposer,
-    the counts of its windows."""
-    total = sum(r.stats.new_tokens for r in results) or 1
-    for ids, rid, res in zip(prompts, request_ids, results):
-        res.stats.wall_s = wall * res.stats.new_tokens / total
-        counted = proposer.stats_for(ids, rid) if proposer is not None else None
-        if counted is not None:
-            counted.new_tokens, counted.wall_s = res.stats.new_tokens, res.stats.wall_s
-            counted.target_forwards = len(counted.windows)
-            res.stats = counted
-
-
-# --- disco profile --engine vllm: the target's step cost by the tokens in the step ----------------------
-
-
-def step_costs(points: dict[int, float], top: int) -> list[float]:
-    """C(1 .. top) from the step times measured at some widths: a step over more tokens never costs less, so
-    the medians are first made non-decreasing (isotonic least squares: timing noise must not make an extra
-    token look free, or cheaper than none, to the cost rules), then interpolated linearly between widths."""
-    from sklearn.isotonic import IsotonicRegression
-
-    widths = sorted(points)
-    fitted = IsotonicRegression(increasing=True).fit_transform(widths, [points[w] for w in widths])
-    return [float(v) for v in np.interp(np.arange(1, top + 1), widths, fitted)]
-
-
-def profile_load(
-    pair: Pair, max_window: int, context: int, max_batch: int = DEFAULT_VLLM_MAX_SEQS, steps: int = 10, progress=True
-) -> dict:
-    """Measure vLLM's step time C(t) for steps of t = b x (k + 1) tokens (b requests, each verifying k
-    drafts of disco's proposer at a constant length) for b up to max_batch, k up to max_window, and the
-    proposer's draft cost. C(t) is the time from the end of one propose() to the start of the next:
-    the target's batched forward, sampling and vLLM's scheduling, what a step costs beside the drafting.
-    The proposer is the one on vLLM's own draft when the pair has a draft folder (its draft forward timed
-    by batch size: c_draft[b - 1], one batched position for b requests), else the side-engine one (c_d, a
-    draft token of one request). Returns a profile (CostModel fields: c_d, c_t = C(1 .. max_window + 1),
-    c_step = C(1 .. T) by linear interpolation between the measured widths, c_draft) with the points measured."""
-    import statistics
-
-    from tqdm.auto import tqdm
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from disco.profile import context_ids
-
-    target = pair.target_engine
-    SHARED.pair, SHARED.load, SHARED.keep_stats = pair, None, True
-    on_vllm_draft = target.draft_folder is not None
-    if on_vllm_draft:
-        spec = SpecConfig(DISCO_DRAFT, max_window, str(target.draft_folder))
-        llm, proposer = target.llm(spec, max_batch), target.proposer(spec, max_batch)
-    else:
-        spec = SpecConfig("custom_class", max_window, PROPOSER)
-        llm, proposer = target.llm(spec, max_batch), SHARED.proposer
-    assert proposer is not None
-    marks: list[tuple[float, float]] = []  # (entry, exit) of every propose() call
-    inner = proposer.propose
-
-    def timed(*args, **kwargs):
-        t = time.perf_counter()
-        out = inner(*args, **kwargs)
-        marks.append((t, time.perf_counter()))
-        return out
-
-    proposer.propose = timed  # type: ignore[method-assign]
-    batches = [b for b in VLLM_PROFILE_BATCHES if b <= max_batch]
-    windows = sorted({k for k in VLLM_PROFILE_WINDOWS if k <= max_window} | {max_window})
-    points: dict[int, float] = {}
-    draft_s, drafts = 0.0, 0
-    per_batch: dict[int, list[float]] = {}  # vLLM's draft: seconds per batched draft position, by batch size
-    grid = [(b, k) for b in batches for k in windows]
-    for b, k in tqdm(grid, desc="timing vLLM steps", disable=not progress):
-        proposer.set_policy(PolicySpec("constant", k=k) if k else PolicySpec("target"))
-        marks.clear()
-        prompts = [TokensPrompt(prompt_token_ids=context_ids(pair.tokenizer, context + i)) for i in range(b)]
-        params = SamplingParams(temperature=0.0, max_tokens=(steps + 3) * (k + 1), ignore_eos=True)
-        llm.generate(prompts, params, use_tqdm=False)
-        gaps = [nxt[0] - prev[1] for prev, nxt in zip(marks, marks[1:])][2 : 2 + steps]  # steady decode steps
-        if gaps:
-            t = b * (k + 1)
-            points[t] = min(points.get(t, float("inf")), statistics.median(gaps))
-        if on_vllm_draft:
-            if k and proposer.n_positions:
-                per_batch.setdefault(b, []).append(proposer.forward_s / proposer.n_positions)
-        else:
-            draft_s += proposer.forward_s
-            drafts += sum(r.stats.draft_forwards for r in [*proposer.finished, *proposer.requests])
-    proposer.propose = inner  # type: ignore[method-assign]
-    proposer.set_policy(SHARED.policy if not on_vllm_draft else PolicySpec("target"), None)
-    c_step = step_costs(points, max_batch * (max_window + 1))
-    widths = sorted(points)
-    c_draft: tuple[float, ...] = ()
-    if on_vllm_draft:  # one batched draft position for b = 1 .. max_batch requests (never cheaper for more)
-        c_draft = tuple(step_costs({b: min(v) for b, v in per_batch.items()}, max_batch))
-        c_d = c_draft[0]
-    else:
-        c_d = draft_s / max(drafts, 1)
-    cost = CostModel(c_d, tuple(c_step[: max_window + 1]), "profile", tuple(c_step), c_draft)
-    return {
-        **cost.to_dict(),
-        "proposer": "vllm draft" if on_vllm_draft else "side engine",
-        "unit": "s",
-        "c_d_ratio": c_d / c_step[0],
-        "c_t_ratio": [c / c_step[0] for c in c_step[: max_window + 1]],
-        "measured_step_s": {str(w): points[w] for w in widths},  # C(t) at the widths timed
-        "max_window": max_window,
-        "max_batch": max_batch,
-        "context_tokens": context,
-        "steps": steps,
-        "pair": pair.describe(),
-        "device_name": "cpu",
-        "machine": this_machine(),  # its step costs are this machine's (cpu.read_load_profile warns elsewhere)
-        "torch": torch.__version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
-def serving_generate(
-    pair: Pair, prompts: list[list[int]], spec: PolicySpec, config: DecodeConfig, load: CostModel | None = None
-) -> list[GenResult]:
-    """`disco generate --engine vllm`: the prompts submitted together to vLLM with disco's proposer under
-    `spec` (target-only for the target policy); each result's time is its share of the wall clock."""
-    if config.temperature > 0:
-        raise DiscoError("--engine vllm generates greedily here: drop --temperature (or serve with vLLM itself)")
-    SHARED.pair, SHARED.load, SHARED.keep_stats = pair, load, True
-    target = pair.target_engine
-    if spec.name == "target":
-        row = ServingRow(spec.name, SpecConfig())
-    elif target.draft_folder is not None and spec.kind.batched is not None:  # on vLLM's own draft
-        row = ServingRow(spec.name, SpecConfig(DISCO_DRAFT, config.max_window, str(target.draft_folder)), spec)
-    else:  # a GGUF draft (vLLM loads none on CPUs), or a policy without a batched form: the side-engine proposer
-        row = ServingRow(spec.name, SpecConfig("custom_class", config.max_window, PROPOSER), spec)
-    proposer = _proposer(target, row, max(len(prompts), DEFAULT_VLLM_MAX_SEQS), load)
-    results, request_ids, wall = row.generate(target, prompts, config.max_new_tokens, pair.eos_token_ids, len(prompts))
-    _apportion(results, prompts, request_ids, wall, proposer)
-    return results

@@ -28,7 +28,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,23 @@ class Settings:
 
 _ARMED: Settings | None = None  # in-process: the settings the next proposer vLLM builds takes
 PROPOSERS: list[Any] = []  # the DiscoDraftProposers built in this process (compare switches their policy)
+
+
+@dataclass
+class Shared:
+    """What this process's side-engine proposer (serving.DiscoProposer) drafts with: set by the vLLM runner
+    (engines.vllm.VllmRunner) before vLLM builds the proposer in-process, or read from ENV under `vllm serve`."""
+
+    pair: Any = None  # the pair.Pair: the draft engine, the tokenizer (token classes), the names the artifact checks
+    policy: PolicySpec = field(default_factory=lambda: PolicySpec("threshold"))
+    load: CostModel | None = None  # a vLLM load profile (c_step): the cost rules decide per batch
+    proposer: Any = None  # the live serving.DiscoProposer (the runner reads its counts)
+    # keep finished requests' counts until asked for (in-process compare, profile, generate); under `vllm serve`
+    # nothing is kept per finished request (memory stays flat however many it serves)
+    keep_stats: bool = False
+
+
+SHARED = Shared()
 
 
 class _AllStopped(Exception):

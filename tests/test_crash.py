@@ -137,16 +137,16 @@ def test_compare_crashed_says_one_line_and_keeps_the_finished_rows(pair, tmp_pat
 
 
 def test_an_engine_error_in_compare_also_says_where_the_finished_rows_are(pair, tmp_path, capsys, monkeypatch):
-    import disco.compare
+    import disco.runner
 
-    real = disco.compare.target_generate
+    real = disco.runner.target_generate
 
     def target_generate(target, ids, *args, **kwargs):  # the second prompt's engine fails (llama-server died)
         if len(ids) >= 30:
             raise DiscoError("llama-server request /completion failed (connection reset); server exit code -11")
         return real(target, ids, *args, **kwargs)
 
-    monkeypatch.setattr(disco.compare, "target_generate", target_generate)
+    monkeypatch.setattr(disco.runner, "target_generate", target_generate)
     out = tmp_path / "cmp"
     args = ["compare", "--target", pair["target"], "--draft", pair["draft"], "--prompts", pair["prompts"]]
     code, _, err = cli(capsys, *args, "--out", out, "--policies", "constant", "--max-new-tokens", 8, "--device", "cpu")

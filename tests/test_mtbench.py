@@ -11,7 +11,7 @@ import torch
 from test_cli import cli, folders  # noqa: F401  (the fixture of tiny model folders)
 from tiny import char_tokenizer, tiny_pair
 
-from disco import answers, mtbench
+from disco import answers, mtbench, runner
 from disco.compare import TARGET_LABEL, default_entries, run_compare
 from disco.decode import DecodeConfig, target_generate
 from disco.defaults import MT_BENCH_CATEGORIES
@@ -172,8 +172,8 @@ def test_turn_two_holds_the_cached_answer_and_is_rebuilt_for_another_pair(standi
     assert set(cached) == {p.id for p in pending}
 
     calls = []
-    real = answers.target_generate
-    monkeypatch.setattr(answers, "target_generate", lambda *args: calls.append(1) or real(*args))
+    real = runner.generate_ids  # disco's loop, through which the answers are decoded (runner.LoopRunner)
+    monkeypatch.setattr(runner, "generate_ids", lambda *args: calls.append(1) or real(*args))
     assert answers.answer_first_turns(a, pending, 8, progress=False) == made and not calls  # from the cache
     # an interrupted run: one answer missing, only that one is made again
     doc = json.loads(path.read_text())

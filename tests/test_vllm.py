@@ -21,14 +21,16 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from disco import serving, vllm_proposer
 from disco.classifier import ClassifierPolicy
+from disco.compare import run_compare
 from disco.cost import CostModel
-from disco.decode import DecodeConfig
-from disco.engines.vllm import SpecConfig
+from disco.decode import DecodeConfig, target_generate
+from disco.engines.vllm import SpecConfig, VllmRunner
 from disco.errors import DiscoError
 from disco.options import PairOptions
 from disco.pair import load_pair
 from disco.policy_registry import PolicySpec
 from disco.prompts import Prompt
+from disco.runner import runner_for
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -275,16 +277,16 @@ def test_serving_compare_rows_and_counts(pair, tmp_path):
 
     entries = [Entry("constant k=2", PolicySpec("constant", k=2)), Entry("oracle", PolicySpec("oracle"))]
     cfg = DecodeConfig(max_new_tokens=24, max_window=6)
-    result = serving.run_serving_compare(
+    result = run_compare(
         pair,
         prompts,
         entries,
         cfg,
         tmp_path / "out",
-        [1, 3],
         chat=False,
         progress=False,
         plots=False,
+        concurrency=[1, 3],
         settings={"fixed_k": [(2, "")]},
     )
     for c in (1, 3):
@@ -310,9 +312,11 @@ def test_serving_compare_asks_second_turns_after_vllms_own_answers(pair, tmp_pat
     prompts = [Prompt(f"q{i}", "t-2", p, follow_up="and then?") for i, p in enumerate(PROMPTS[:3])]
     batches: list[int] = []
     real = pair.target_engine.greedy
-    monkeypatch.setattr(pair.target_engine, "greedy", lambda ps, *a: batches.append(len(ps)) or real(ps, *a))
+    decode = VllmRunner.decode  # the runner's decode: only the first turns' answers call it in compare
+    monkeypatch.setattr(VllmRunner, "decode", lambda self, ps, *a: batches.append(len(ps)) or decode(self, ps, *a))
     args = (pair, prompts, [Entry("constant k=2", PolicySpec("constant", k=2))], DecodeConfig(12, 4), tmp_path / "o")
-    result = serving.run_serving_compare(*args, [1], chat=False, progress=False, plots=False, settings={"fixed_k": []})
+    kw = {"chat": False, "progress": False, "plots": False, "concurrency": [1], "settings": {"fixed_k": []}}
+    result = run_compare(*args, **kw)
     assert batches == [3]
     firsts = real([pair.encode(p.prompt, False) for p in prompts], 12, pair.eos_token_ids)
     turns = [p.answered(pair.decode(f).strip()) for p, f in zip(prompts, firsts)]
@@ -321,9 +325,7 @@ def test_serving_compare_asks_second_turns_after_vllms_own_answers(pair, tmp_pat
     assert result["concurrency"][1]["summary"]["vllm + constant k=2"]["lossless"]
     cached = json.loads(answers.answers_path(answers.answers_record(pair, False, 12)).read_text())["answers"]
     assert set(cached) == {"q0", "q1", "q2"}
-    serving.run_serving_compare(
-        *args[:4], tmp_path / "o2", [1], chat=False, progress=False, plots=False, settings={"fixed_k": []}
-    )
+    run_compare(*args[:4], tmp_path / "o2", **kw)
     assert batches == [3]  # from the cache
 
 
@@ -509,15 +511,17 @@ def test_vllm_serve_with_a_missing_artifact_stops_in_one_line(folders, tmp_path)
 
 
 def test_generate_with_the_policy_inside_vllm(pair, ids, reference):
-    results = serving.serving_generate(
-        pair, ids, PolicySpec("threshold", threshold=0.4), DecodeConfig(max_new_tokens=40)
+    results = list(
+        runner_for(pair).decode(ids, PolicySpec("threshold", threshold=0.4), DecodeConfig(max_new_tokens=40))
     )
     assert [r.tokens for r in results] == reference
     assert sum(r.stats.drafted for r in results) > 0 and all(r.stats.wall_s > 0 for r in results)
-    plain = serving.serving_generate(pair, ids, PolicySpec("target"), DecodeConfig(max_new_tokens=40))
+    plain = list(runner_for(pair).decode(ids, PolicySpec("target"), DecodeConfig(max_new_tokens=40)))
     assert [r.tokens for r in plain] == reference and all(r.stats.drafted == 0 for r in plain)
 
 
 def test_session_says_where_vllm_runs(pair):
+    """The vLLM target has no sessions (engines.base.EngineBase): what needs one (disco's loop) says where vLLM runs."""
+    assert not hasattr(pair.target_engine, "session")
     with pytest.raises(DiscoError, match="vLLM runs its own decoding loop"):
-        pair.target_engine.session(torch.tensor([1, 2]))
+        target_generate(pair.target, [1, 2], DecodeConfig(max_new_tokens=4))

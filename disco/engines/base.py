@@ -1,4 +1,5 @@
-"""The engine interface: one loaded model, and one decode's view of it (a session).
+"""The engine interface: one loaded model, one decode's view of it (a session), and how a pair's prompts
+are decoded (a runner).
 
 The loop speaks in token ids of prompt + output (`ids`); a session maps them onto its model's
 own sequence and KV cache:
@@ -13,12 +14,15 @@ own sequence and KV cache:
 
 An engine whose batched forward rounds differently from one-token steps must make `forward`
 agree with one-token decoding, or say in `describe()` that it does not (llama.cpp's fast mode).
+
+An engine that decodes by itself (vLLM) has no sessions: it is an `EngineBase`, not an `Engine`, and its
+registry entry's `runner` decodes prompts on it (`Runner`, docs/architecture.md, "Runners").
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -45,13 +49,11 @@ class Session(Protocol):
 
 
 @runtime_checkable
-class Engine(Protocol):
-    name: str  # "torch" or "llama.cpp": recorded in traces, profiles and artifacts
-    device: torch.device  # where its logits live
+class EngineBase(Protocol):
+    """What every engine offers, whether disco's loop drives it (Engine) or it decodes by itself (vLLM)."""
 
-    def session(
-        self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False, capacity: int | None = None
-    ) -> Session: ...  # capacity: prompt + output positions it may reach
+    name: str  # "torch", "llama.cpp" or "vllm": recorded in traces, profiles and artifacts
+    device: torch.device  # where its logits live
 
     @property
     def context_length(self) -> int: ...
@@ -78,7 +80,18 @@ class Engine(Protocol):
 
     def variants(self) -> list[Variant]: ...  # other settings compare runs the main rows in (llama.cpp: fast)
 
-    def spare(self) -> Engine: ...  # an engine for one more concurrent session (serving: a draft per request)
+    def spare(self) -> EngineBase: ...  # an engine for one more concurrent session (serving: a draft per request)
+
+
+@runtime_checkable
+class Engine(EngineBase, Protocol):
+    """An engine disco's loop drives: a session per decode (registry.loop_engine asks for one)."""
+
+    def session(
+        self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False, capacity: int | None = None
+    ) -> Session: ...  # capacity: prompt + output positions it may reach
+
+    def spare(self) -> Engine: ...
 
 
 class Anchor(Protocol):
@@ -149,6 +162,52 @@ class ContinuationSource(Protocol):
     def record(self) -> dict: ...  # the trace manifest's "collection": how continuations and features were made
 
 
+class Runner(Protocol):
+    """How prompts are decoded on a pair's engine (docs/architecture.md, "Runners"): disco's own loop, one prompt
+    at a time (runner.LoopRunner), or an engine that decodes by itself, groups of prompts submitted together
+    (EngineKind.runner: vLLM's engines.vllm.VllmRunner). generate, compare, profile and the first-turn answers
+    decode through it and never ask which it is."""
+
+    # prompts the first-turn answers decode together (their cache is written after each group): 1 for disco's loop
+    group: int
+    # compare's results are one per concurrency level (c{c}/ folders beside a table of all levels); else one result
+    by_level: bool
+
+    def levels(self, asked: Sequence[int]) -> list[int]: ...  # compare's --concurrency levels it runs
+
+    # Each prompt's result, in order, as each finishes: under the policy `spec` (policy_registry.PolicySpec), the
+    # run's decode.DecodeConfig, `concurrency` prompts at once (None: as it decodes a prompt set: disco's loop one
+    # at a time, vLLM all together). Stats hold the window counts and each prompt's wall time.
+    def decode(
+        self, prompts: Sequence[list[int]], spec: Any, config: Any, concurrency: int | None = None
+    ) -> Iterator[GenResult]: ...
+
+    # compare's rows for its entries (compare.Entry), target-only first (every speedup's reference);
+    # settings: the engine's own rows' settings (vLLM: fixed_k, proposers); max_concurrency: the highest level
+    def rows(self, entries: Sequence[Any], config: Any, settings: dict, max_concurrency: int) -> list[CompareRow]: ...
+
+    # `disco profile`: the pair's cost model measured on this engine (profile.profile_pair, or vLLM's step costs)
+    def profile(self, max_window: int, context: int, repeats: int, warmup: int, max_batch: int) -> dict: ...
+
+
+class CompareRow(Protocol):
+    """One row of `disco compare` as a runner decodes it: a group of prompts (one on disco's loop) at a time."""
+
+    label: str  # its name in the table (target-only's is recorded as compare.TARGET_LABEL)
+    anchor: bool  # the engine's own decoding, not disco's policy (compare.json's "anchors")
+    forwards_known: bool  # whether its GenStats count forward calls (not llama-server's, not vLLM's own)
+    # after decode(): the seconds disco's proposer spent deciding and drafting in it (vLLM's rows), else None
+    costs: tuple[float, float] | None
+
+    def start(self, stack: contextlib.ExitStack, progress: bool) -> None: ...  # before any timing (servers)
+
+    # each prompt's result, the prompts submitted together at compare's `concurrency` level (one on disco's loop);
+    # refs: target-only's results of the same prompts (the oracle's knowledge), None for target-only's own row
+    def decode(
+        self, prompts: list[list[int]], config: Any, refs: list[GenResult] | None, concurrency: int
+    ) -> list[GenResult]: ...
+
+
 @dataclass(frozen=True)
 class EngineKind:
     """One registry entry (engines/registry.py): how to load a pair on this engine and what it claims."""
@@ -164,12 +223,17 @@ class EngineKind:
     # other engines' PairOptions fields this one reads too (vLLM: the dtype it loads, its llama.cpp draft's
     # threads and quantization): not refused on it
     shares_options: tuple[str, ...] = ()
-    # decodes by itself (vLLM): not driven by disco's loop; compare runs its serving rows, groups of prompts
-    # submitted together (serving.py)
+    # decodes by itself (vLLM): not driven by disco's loop (its `runner` decodes groups of prompts submitted
+    # together); checks.py refuses its batching options on the other engines
     serving: bool = False
     # `disco collect`'s continuations on this engine: (pair, the run's decode.DecodeConfig, max_batch) -> a
     # ContinuationSource; None: disco's own loop (collect.LoopContinuations)
     continuations: Callable[[Any, Any, int], ContinuationSource] | None = None
+    # how prompts are decoded on this engine: (pair, cost.CostModel load profile or None) -> a Runner; None:
+    # disco's own loop (runner.LoopRunner)
+    runner: Callable[[Any, Any], Runner] | None = None
+    # an engine with no sessions (it decodes by itself): what to use instead, one line (registry.loop_engine)
+    no_session: str = ""
 
 
 # describe() fields that change how fast an engine runs, not the numbers it computes: llama.cpp's

@@ -14,7 +14,7 @@ import torch
 from disco.defaults import ENGINES
 from disco.embedded import pair_name
 from disco.engines import llamacpp, torch_engine, vllm
-from disco.engines.base import Engine, EngineKind, PairParts
+from disco.engines.base import Engine, EngineBase, EngineKind, PairParts
 from disco.errors import DiscoError
 from disco.options import PairOptions
 from disco.pair_files import apply_pair_file
@@ -58,16 +58,25 @@ def prepare_embedded(engine: str, install: bool = True) -> dict:
     return ENGINE_KINDS[engine].prepare_embedded(install)
 
 
-def as_engine(model) -> Engine:
+def as_engine(model) -> EngineBase:
     """`model` itself when it is an engine; a torch.nn.Module is wrapped in the torch engine."""
     if isinstance(model, torch.nn.Module):
         return torch_engine.TorchEngine.of(model)
-    if isinstance(model, Engine):
+    if isinstance(model, EngineBase):
         return model
     raise TypeError(f"{type(model).__name__} is neither a torch model nor a disco engine")
 
 
-def check_compatible(target: Engine, draft: Engine) -> None:
+def loop_engine(model) -> Engine:
+    """`model` as an engine disco's loop drives (it opens sessions); an engine that decodes by itself (vLLM)
+    has none and is refused in one line (its EngineKind.no_session: what to use instead)."""
+    engine = as_engine(model)
+    if not isinstance(engine, Engine):
+        raise DiscoError(ENGINE_KINDS[engine.name].no_session or f"the {engine.name} engine has no sessions")
+    return engine
+
+
+def check_compatible(target: EngineBase, draft: EngineBase) -> None:
     """Refuse a pair the loop cannot run: both on one engine, and compatible there (the engine's own check)."""
     if target.name != draft.name:
         raise DiscoError(f"the target runs on {target.name} but the draft on {draft.name}: run both on one engine")
@@ -80,7 +89,6 @@ def teacher_forced(
     """(len(ids) - n_prompt, vocab): the model's logits predicting each output token of ids = prompt +
     output, from one forward without a cache (what the loop sees where every earlier token was accepted),
     and with `hidden` the last layer's states at the same positions (else None)."""
-    engine = as_engine(engine)
-    session = engine.session(ids[:n_prompt], use_cache=False, hidden=hidden)
+    session = loop_engine(engine).session(ids[:n_prompt], use_cache=False, hidden=hidden)
     logits = session.forward(session.unseen(ids)[:-1], len(ids) - n_prompt)
     return logits, session.hidden() if hidden else None
