@@ -128,7 +128,7 @@ DEFAULT_VLLM_FIXED_K = 3  # vLLM's own draft-model rows: this fixed length, and 
 # a draft engine of its own (serving.DiscoProposer)
 DEFAULT_VLLM_PROPOSERS = ("draft", "side")
 VLLM_MAX_MODEL_LEN = 4096  # positions a vLLM instance holds per request at most (capped by the target's own)
-# profile --engine vllm (engines.vllm.profile_load): batch sizes (up to --max-batch) and constant windows (up to
+# profile --engine vllm (engines.vllm_stages.profile_load): batch sizes (up to --max-batch) and constant windows (up to
 # --max-window, which is always timed) whose steps are timed
 VLLM_PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
 VLLM_PROFILE_WINDOWS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 20)

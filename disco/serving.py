@@ -1,6 +1,6 @@
 """disco's policy inside vLLM's speculative decoding: the side-engine proposer (docs/architecture.md, "vLLM").
 The proposer on vLLM's own batched draft is vllm_proposer.py; compare runs both, through the vLLM runner
-(engines.vllm.VllmRunner, which also runs `generate` and `profile` on vLLM).
+(engines.vllm_stages.VllmRunner, which also runs `generate` and `profile` on vLLM).
 
 The side-engine proposer: vLLM loads it by name:
 

@@ -64,7 +64,7 @@ PROPOSERS: list[Any] = []  # the DiscoDraftProposers built in this process (comp
 @dataclass
 class Shared:
     """What this process's side-engine proposer (serving.DiscoProposer) drafts with: set by the vLLM runner
-    (engines.vllm.VllmRunner) before vLLM builds the proposer in-process, or read from ENV under `vllm serve`."""
+    (engines.vllm_stages.VllmRunner) before vLLM builds the proposer in-process, or read from ENV under `vllm serve`."""
 
     pair: Any = None  # the pair.Pair: the draft engine, the tokenizer (token classes), the names the artifact checks
     policy: PolicySpec = field(default_factory=lambda: PolicySpec("threshold"))

@@ -24,7 +24,8 @@ from disco.classifier import ClassifierPolicy
 from disco.compare import run_compare
 from disco.cost import CostModel
 from disco.decode import DecodeConfig, target_generate
-from disco.engines.vllm import SpecConfig, VllmRunner
+from disco.engines.vllm import SpecConfig
+from disco.engines.vllm_stages import VllmRunner
 from disco.errors import DiscoError
 from disco.options import PairOptions
 from disco.pair import load_pair

@@ -428,7 +428,7 @@ def test_at_load_shares_a_batched_draft_position():
 
 def test_profile_times_vllms_batched_draft(pair, spec):
     """`disco profile --engine vllm` on a pair with a draft folder times vLLM's own draft by batch size."""
-    from disco.engines.vllm import profile_load
+    from disco.engines.vllm_stages import profile_load
 
     result = profile_load(pair, 3, 16, max_batch=2, steps=4, progress=False)
     assert result["proposer"] == "vllm draft"

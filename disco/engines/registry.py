@@ -13,7 +13,7 @@ import torch
 
 from disco.defaults import ENGINES
 from disco.embedded import pair_name
-from disco.engines import llamacpp, torch_engine, vllm
+from disco.engines import llamacpp, torch_engine, vllm_stages
 from disco.engines.base import Engine, EngineBase, EngineKind, PairParts
 from disco.errors import DiscoError
 from disco.options import PairOptions
@@ -22,7 +22,7 @@ from disco.pair_files import apply_pair_file
 ENGINE_KINDS: dict[str, EngineKind] = {
     "llama.cpp": llamacpp.KIND,
     "torch": torch_engine.KIND,  # claims every pair: the fallback of auto
-    "vllm": vllm.KIND,  # only when named (an optional install); claims nothing under auto
+    "vllm": vllm_stages.KIND,  # only when named (an optional install); claims nothing under auto
 }
 assert set(ENGINES) == {"auto", *ENGINE_KINDS}, "defaults.ENGINES lists the registry's names, for --help"
 ANCHOR_NAMES = tuple(name for kind in ENGINE_KINDS.values() for name in kind.anchor_names)
