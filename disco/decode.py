@@ -111,10 +111,14 @@ class Drafter:
             self.session.prefill()
         feed = self.session.unseen(self.ids) if pos == 1 else self.tokens[-1].view(1)
         logits = self.session.forward(feed, 1)[0]
+        states = self.session.hidden() if self.want_hidden else None
+        return self.take(pos, logits, states[-1] if states is not None else None)
+
+    def take(self, pos: int, logits: torch.Tensor, hidden: torch.Tensor | None) -> DraftStep:
+        """The pos-th token of the window from the draft's (vocab,) logits there (and its last hidden state):
+        propose's second half, also for logits a batched draft computed for many requests at once."""
         q = warp(logits, self.config.temperature, self.config.top_p)
         tok = _pick(q, self.gen is None, self.gen)
-        states = self.session.hidden() if self.want_hidden else None
-        hidden = states[-1] if states is not None else None
         gen_pos = len(self.ids) - self.n_prompt + pos - 1
         step = DraftStep(logits, q, tok, pos, gen_pos, self.ids, self.tokens[:], hidden)
         self.tokens.append(tok)

@@ -127,6 +127,9 @@ DEFAULT_VLLM_FIXED_K = 3  # vLLM's own draft-model rows: this fixed length, and 
 # disco's proposers compare runs inside vLLM: "draft" on vLLM's own batched draft (vllm_proposer.py), "side" on
 # a draft engine of its own (serving.DiscoProposer)
 DEFAULT_VLLM_PROPOSERS = ("draft", "side")
+# the side-engine proposer's batched llama.cpp draft (engines/llamacpp_batch.py): sequences per context (one per
+# request; a context reserves KV cells for all of them at once, n_ctx each; more requests open another context)
+SIDE_DRAFT_SEQS = 8
 VLLM_MAX_MODEL_LEN = 4096  # positions a vLLM instance holds per request at most (capped by the target's own)
 # profile --engine vllm (engines.vllm_stages.profile_load): batch sizes (up to --max-batch) and constant windows (up to
 # --max-window, which is always timed) whose steps are timed

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Generator
 from typing import Any
 
-from disco.policy import StoppingPolicy
+from disco.policy import Decision, StoppingPolicy
 from disco.stats import GenStats
 
 # Phase 1 as a generator: yields a learned policy's model input, is sent P(accept) back, returns the
@@ -37,20 +37,37 @@ def draft_window(
     """Phase 1: draft up to k_max tokens. propose(pos) drafts the pos-th token of the window (1-based)
     and returns the step the policy decides on, or None where there is nothing to draft (a trace past
     its EOS); the policy's `drafts()` is asked first, `start()` before the first token."""
-    if k_max <= 0 or policy is None or not policy.drafts():
+    if policy is None or not opens_window(policy, k_max):
         return 0
-    policy.start()
     k = 0
     for pos in range(1, k_max + 1):
         step = propose(pos)
         if step is None:
             break
-        stats.draft_forwards += 1
         k = pos
-        stop = yield from policy.decide(step)
+        stop = yield from decide_token(policy, step, stats)
         if stop or pos == k_max:
             break
     return k
+
+
+# draft_window's two halves, for a caller that drafts many requests' windows in lockstep (one batched draft
+# forward per position: serving.DiscoProposer): the same calls in the same order per policy, so each
+# request's decisions and counts are exactly those of draft_window.
+
+
+def opens_window(policy: StoppingPolicy | None, k_max: int) -> bool:
+    """Whether a window is drafted at all (the policy's `drafts()`); if so the policy is `start()`ed."""
+    if k_max <= 0 or policy is None or not policy.drafts():
+        return False
+    policy.start()
+    return True
+
+
+def decide_token(policy: StoppingPolicy, step: Any, stats: GenStats) -> Decision:
+    """One drafted token counted and decided on: returns whether the window stops after it."""
+    stats.draft_forwards += 1
+    return (yield from policy.decide(step))
 
 
 def leading_run(agree: Any) -> int:

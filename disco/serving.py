@@ -8,9 +8,11 @@ The side-engine proposer: vLLM loads it by name:
                           "num_speculative_tokens": MAX}
 
 and at every step asks it for each running request's draft tokens, which vLLM then verifies in one batched
-target forward. For each request the proposer keeps a draft session (its own KV cache on a disco engine) and
-a policy, and runs disco's round (rounds.draft_window, the same code as disco's loop): draft a token, ask the
-policy, go on or stop; so each request gets its own number of draft tokens. What vLLM accepted is read back
+target forward. For each request the proposer keeps a draft and a policy, and runs disco's round (rounds.py, the
+same code as disco's loop): draft a token, ask the policy, go on or stop; so each request gets its own number of
+draft tokens. On a llama.cpp draft every request is a sequence of one batched draft (Engine.batched_draft) and
+each draft position is one forward for all requests still drafting; on others each request has a session of its
+own and drafts in turn. What vLLM accepted is read back
 from the request's tokens at the next step (the leading run of drafts it kept) and told to the policy.
 
 Load awareness: given a vLLM load profile (`disco profile --engine vllm`: the target's step time by the
@@ -36,11 +38,13 @@ from disco import vllm_proposer
 from disco.cost import CostModel, load_view
 from disco.cpu import read_load_profile
 from disco.decode import DecodeConfig, Drafter
+from disco.defaults import SIDE_DRAFT_SEQS
+from disco.engines.base import BatchedDraft
 from disco.engines.vllm import PROPOSER
 from disco.errors import DiscoError, said_in_one_line
 from disco.policy import StoppingPolicy, decide_now
 from disco.policy_registry import PolicySpec
-from disco.rounds import draft_window, end_round, leading_run
+from disco.rounds import decide_token, draft_window, end_round, leading_run, opens_window
 from disco.stats import GenStats
 from disco.vllm_proposer import SHARED, Shared, read_settings
 
@@ -51,21 +55,26 @@ _WARNED: set[str] = set()  # classifiers already told they read target signals v
 
 
 class _Request:
-    """One running request as the proposer sees it: its draft session and policy (by vLLM request id)."""
+    """One running request as the proposer sees it: its draft (a session of its own, or a sequence of the
+    batched draft keyed by its id) and its policy (by vLLM request id)."""
 
-    def __init__(self, prompt: np.ndarray, engine, policy: StoppingPolicy | None, hidden: bool) -> None:
+    def __init__(self, rid: str, prompt: np.ndarray, engine, policy: StoppingPolicy | None, hidden: bool) -> None:
+        self.rid = rid
         self.prompt = prompt  # the tokens before the first draft (prompt + first sampled token)
-        self.engine = engine
+        self.engine = engine  # its own draft engine (None: it drafts on the proposer's batched draft)
         self.policy = policy
         self.drafter = Drafter(engine, len(prompt) - 1, hidden, None, GREEDY, None)
-        self.fed = np.empty(0, dtype=np.int64)  # the tokens the draft session holds, in order
+        self.fed = np.empty(0, dtype=np.int64)  # the tokens its draft holds, in order
         self.proposed: list[int] = []  # the last window sent to vLLM
         self.n_before = 0  # the request's length when that window was drafted
+        self.k_max = 0  # this step's most draft tokens
         self.stats = GenStats()
 
 
 class DiscoProposer:
-    """vLLM's custom_class proposer running a disco policy per request."""
+    """vLLM's custom_class proposer running a disco policy per request: on the draft engine's batched draft
+    (Engine.batched_draft, llama.cpp) one forward per position for all requests (_draft_batched), else each
+    request on a session of its own, one after another (_draft)."""
 
     @said_in_one_line()  # under `vllm serve` vLLM shows a refused setting as a traceback: the line comes first
     def __init__(self, vllm_config: Any) -> None:
@@ -75,6 +84,7 @@ class DiscoProposer:
         assert SHARED.pair is not None
         self.pair = SHARED.pair
         self.requests: dict[str, _Request] = {}  # the running requests, by vLLM request id
+        self.batch: BatchedDraft | None = None  # every request's draft sequence (None: a session per request)
         self.spare_engines: list[Any] = [self.pair.draft]  # draft engines not held by a request
         self._view: CostModel | None = None
         self.set_policy(SHARED.policy, SHARED.load)
@@ -100,6 +110,9 @@ class DiscoProposer:
             )
         for rid in list(self.requests):
             self._release(rid)
+        if SHARED.batched != (self.batch is not None):
+            self.batch = self.pair.draft.batched_draft(SIDE_DRAFT_SEQS) if SHARED.batched else None
+            self.spare_engines = [] if self.batch is not None else [self.pair.draft]
         self.finished: dict[str, GenStats] = {}  # keep_stats: finished requests' counts, by request id
         self.decide_s = 0.0  # in the policy (features, model, rule): the decision-cost figure
         self.forward_s = 0.0  # in draft forwards
@@ -111,23 +124,36 @@ class DiscoProposer:
         return t.fresh() if hasattr(t, "fresh") else self.spec.build(pair=self.pair, max_window=self.k_max)
 
     def _release(self, rid: str) -> None:
-        """A request vLLM no longer holds (finished or aborted): its draft engine is spare again."""
+        """A request vLLM no longer holds (finished or aborted): its draft sequence or engine is free again."""
         r = self.requests.pop(rid)
         if SHARED.keep_stats:
             self.finished[rid] = r.stats
-        self.spare_engines.append(r.engine)
+        if self.batch is not None:
+            self.batch.remove(rid)
+        else:
+            self.spare_engines.append(r.engine)
 
     def stats_for(self, prompt: list[int], request_id: str) -> GenStats | None:
-        """The counts of the request vLLM's LLM returned as `request_id`, once."""
-        return vllm_proposer.take_stats(request_id, self.finished, self.requests)
+        """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once."""
+        for rid in [*self.finished, *self.requests]:
+            if rid == request_id or rid.startswith(f"{request_id}-"):
+                if rid in self.requests:  # finished, not yet seen gone by propose(): its draft is free now
+                    stats = self.requests[rid].stats
+                    self._release(rid)
+                    self.finished.pop(rid, None)
+                    return stats
+                return self.finished.pop(rid)
+        return None
 
     def _request(self, rid: str, ctx: np.ndarray) -> _Request:
-        """Request `rid`'s state, made at its first step (its own draft session and policy)."""
+        """Request `rid`'s state, made at its first step (its own draft sequence or session, and policy)."""
         r = self.requests.get(rid)
         if r is None:
-            engine = self.spare_engines.pop() if self.spare_engines else self.pair.draft.spare()
+            engine = None
+            if self.batch is None:
+                engine = self.spare_engines.pop() if self.spare_engines else self.pair.draft.spare()
             policy = self._policy()
-            r = _Request(ctx.copy(), engine, policy, bool(policy is not None and policy.needs_hidden))
+            r = _Request(rid, ctx.copy(), engine, policy, bool(policy is not None and policy.needs_hidden))
             self.requests[rid] = r
         return r
 
@@ -146,18 +172,32 @@ class DiscoProposer:
         for gone in [rid for rid in self.requests if rid not in alive]:
             self._release(gone)
         self._view = load_view(self.load, sum(1 for s in sampled_token_ids if s), self.k_max)
-        out: list[list[int]] = []
-        for rid, sampled, n in zip(ids, sampled_token_ids, num_tokens_no_spec):
-            if not sampled:  # a request still in its prompt: nothing to draft from
-                out.append([])
-                continue
-            ctx = token_ids_cpu[len(out), : int(n)]
-            out.append(self._draft(self._request(rid, ctx), ctx))
+        out: list[list[int]] = [[] for _ in sampled_token_ids]  # a request still in its prompt: nothing to draft
+        work: list[tuple[int, _Request, np.ndarray]] = []
+        for i, (rid, sampled, n) in enumerate(zip(ids, sampled_token_ids, num_tokens_no_spec)):
+            if sampled:
+                ctx = token_ids_cpu[i, : int(n)]
+                r = self._request(rid, ctx)
+                self._begin(r, ctx)
+                work.append((i, r, ctx))
+        t0, forward_s = time.perf_counter(), 0.0
+        if self.batch is not None:
+            forward_s = self._draft_batched([r for _, r, _ in work])
+        else:
+            forward_s = sum(self._draft(r) for _, r, _ in work)
+        self.decide_s += time.perf_counter() - t0 - forward_s
+        self.forward_s += forward_s
+        for i, r, ctx in work:
+            window = [int(t) for t in r.drafter.tokens]
+            if window:  # the draft now holds ctx and every drafted token but the last
+                r.fed = np.concatenate([ctx.astype(np.int64), np.asarray(window[:-1], dtype=np.int64)])
+            r.proposed, r.n_before = window, len(ctx)
+            out[i] = window
         return out
 
-    def _draft(self, r: _Request, ctx: np.ndarray) -> list[int]:
-        """One request's round: (5) tell its policy how much of the last window vLLM kept, roll its draft
-        session back to the tokens vLLM kept, (1) draft the next window under the policy."""
+    def _begin(self, r: _Request, ctx: np.ndarray) -> None:
+        """A request's round up to its drafting: (5) tell its policy how much of the last window vLLM kept, roll
+        its draft back to the tokens vLLM kept, set this step's cost view and window limit."""
         if r.proposed:
             kept = ctx[r.n_before : r.n_before + len(r.proposed)]
             accepted = leading_run(torch.from_numpy(kept == np.asarray(r.proposed[: len(kept)])))
@@ -169,32 +209,55 @@ class DiscoProposer:
         agree = r.fed[:m] == ctx[:m]
         same = m if agree.all() else int(np.argmin(agree))  # the draft's tokens still on the request's path
         # a window vLLM did not verify (it scheduled no drafts this step) whose first token the target then chose
-        # itself leaves the request's tokens a prefix of the session's: re-feed the last one, the next draft's input
+        # itself leaves the request's tokens a prefix of the draft's: re-feed the last one, the next draft's input
         same = min(same, len(ctx) - 1)
-        if r.drafter.session is not None:
+        if self.batch is not None:
+            self.batch.truncate(r.rid, same)
+        elif r.drafter.session is not None:
             r.drafter.session.truncate(same)
         r.fed = r.fed[:same]
-        ids = torch.from_numpy(ctx.astype(np.int64))
-        r.drafter.begin(ids)
-        k_max = min(self.k_max, self.pair.context_length - len(ctx) - 1)
-        forward_s = 0.0
+        r.drafter.begin(torch.from_numpy(ctx.astype(np.int64)))
+        r.k_max = min(self.k_max, self.pair.context_length - len(ctx) - 1)
+
+    def _draft(self, r: _Request) -> float:
+        """(1) One request's window on its own session, the policy deciding after each token (rounds.draft_window,
+        disco's loop's code); returns the seconds spent in draft forwards."""
+        forward_s = [0.0]
 
         def propose(pos: int):
-            nonlocal forward_s
             t = time.perf_counter()
             step = r.drafter.propose(pos)
-            forward_s += time.perf_counter() - t
+            forward_s[0] += time.perf_counter() - t
             return step
 
-        t0 = time.perf_counter()
-        k = decide_now(draft_window(r.policy, k_max, propose, r.stats), r.policy)
-        self.decide_s += time.perf_counter() - t0 - forward_s
-        self.forward_s += forward_s
-        window = [int(t) for t in r.drafter.tokens[:k]]
-        if k:  # the session now holds ctx and every drafted token but the last
-            r.fed = np.concatenate([ids.numpy(), np.asarray(window[:-1], dtype=np.int64)])
-        r.proposed, r.n_before = window, len(ctx)
-        return window
+        decide_now(draft_window(r.policy, r.k_max, propose, r.stats), r.policy)
+        return forward_s[0]
+
+    def _draft_batched(self, work: list[_Request]) -> float:
+        """(1) Every request's window in lockstep: position 1 is one forward over the tokens each drafting
+        request's sequence lacks (a new prompt, what vLLM kept and sampled), each later one over the last draft
+        token of every request still drafting; after each, each request's policy decides as in
+        rounds.draft_window (the same calls); one that stopped is left out. Returns the seconds in forwards."""
+        assert self.batch is not None
+        live = [r for r in work if r.policy is not None and opens_window(r.policy, r.k_max)]
+        feeds = {r.rid: r.drafter.ids[self.batch.length(r.rid) :].tolist() for r in live}
+        hidden = any(r.drafter.want_hidden for r in live)
+        forward_s, pos = 0.0, 1
+        while live:
+            t = time.perf_counter()
+            rows = self.batch.feed(feeds, hidden)
+            forward_s += time.perf_counter() - t
+            going = []
+            for r in live:
+                assert r.policy is not None
+                logits, state = rows[r.rid]
+                step = r.drafter.take(pos, logits, state)
+                stop = decide_now(decide_token(r.policy, step, r.stats), r.policy)
+                if not (stop or pos == r.k_max):
+                    going.append(r)
+            live, pos = going, pos + 1
+            feeds = {r.rid: [int(r.drafter.tokens[-1])] for r in live}
+        return forward_s
 
 
 def _load_shared_from_env() -> None:

@@ -73,6 +73,10 @@ class Shared:
     # keep finished requests' counts until asked for (in-process compare, profile, generate); under `vllm serve`
     # nothing is kept per finished request (memory stays flat however many it serves)
     keep_stats: bool = False
+    # draft every request in one batched forward per position where the draft engine has a batched draft
+    # (Engine.batched_draft: llama.cpp); False: one request after another on sessions of their own (the tests
+    # compare the two; read at each set_policy)
+    batched: bool = True
 
 
 SHARED = Shared()
@@ -130,7 +134,7 @@ def register() -> None:
 
 def take_stats(request_id: str, finished: dict[str, Any], running: dict[str, Any]) -> Any:
     """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once: a finished
-    request's counts, or a running request's state's `.stats`; None when neither holds it (both proposers)."""
+    request's counts, or a running request's state's `.stats`; None when neither holds it."""
     for table in (finished, running):
         for rid in list(table):
             if rid == request_id or rid.startswith(f"{request_id}-"):

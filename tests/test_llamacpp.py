@@ -59,6 +59,54 @@ def _ids(pair, text: str) -> list[int]:
     return pair.encode(text, chat=False)
 
 
+# --- the batched draft (vLLM's side-engine proposer: one sequence per request) -----------------------------
+
+
+def test_batched_draft_rows_equal_a_sessions_logits(pair):
+    """Three sequences of different lengths fed together (a catch-up of unequal lengths, then one token each
+    per call, one of them left out of a call, one rolled back and one removed and reused): each sequence's
+    logits equal a one-sequence session's on the same tokens within 1e-4 of the logits' scale (the batch's
+    width changes llama.cpp's rounding, not the numbers), with the same argmax; at 2 sequences per context a
+    second context opens for the third."""
+    draft = pair.draft
+    texts = [PROMPTS[0], PROMPTS[1][:7], PROMPTS[2]]
+    seqs = {f"r{i}": _ids(pair, t) for i, t in enumerate(texts)}
+    # n_batch 8: a catch-up longer than that is fed in chunks (a prompt's prefill)
+    batch = LlamaCppEngine(draft.path, 1, "fast", n_batch=8, repack=draft.repack_choice).batched_draft(2)
+
+    def reference(tokens: list[int], hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        s = draft.session(torch.tensor(tokens), hidden=hidden)
+        logits = s.forward(torch.tensor(tokens), 1)[0]
+        return logits, (s.hidden()[-1] if hidden else None)
+
+    def check(rows: dict, hidden: bool = False) -> None:
+        for key, (logits, state) in rows.items():
+            want, want_state = reference(seqs[key], hidden)
+            scale = float(want.abs().max())
+            assert (logits - want).abs().max() <= 1e-4 * scale, key
+            assert int(logits.argmax()) == int(want.argmax())
+            if hidden:
+                assert state is not None and (state - want_state).abs().max() <= 1e-4 * float(want_state.abs().max())
+
+    check(batch.feed(seqs))
+    assert [batch.length(k) for k in seqs] == [len(v) for v in seqs.values()] and len(batch._contexts) == 2
+    for step in range(3):
+        fed = {k: [int(5 + step + i)] for i, k in enumerate(seqs) if not (step == 1 and k == "r1")}
+        for k, t in fed.items():
+            seqs[k] = seqs[k] + t
+        check(batch.feed(fed, hidden=step == 2), hidden=step == 2)
+    batch.truncate("r0", len(seqs["r0"]) - 2)  # a rejected window
+    seqs["r0"] = seqs["r0"][:-2] + [9]
+    batch.remove("r2")  # the request left: its sequence is free for the next
+    seqs["r3"] = _ids(pair, PROMPTS[3])
+    del seqs["r2"]
+    check(batch.feed({"r0": [9], "r3": seqs["r3"]}))
+    assert len(batch) == 3 and len(batch._contexts) == 2
+    for k in list(seqs):
+        batch.remove(k)
+    assert len(batch) == 0 and batch.length("r0") == 0
+
+
 # --- the engine itself ---------------------------------------------------------------------------
 
 

@@ -157,12 +157,12 @@ def test_windows_follow_the_policy_per_request(pair, ids, reference):
         assert 0 <= stats.accepted <= stats.drafted
 
 
-def test_nothing_is_kept_per_finished_request(pair, ids):
+@pytest.mark.parametrize("draft", ["torch", "llama.cpp"])
+def test_nothing_is_kept_per_finished_request(request, pair, ids, draft):
     """Under `vllm serve` (keep_stats off) the side-engine proposer keeps nothing per finished request: after
-    500 requests served in groups it holds what it held after 50."""
-    spec = SpecConfig("custom_class", 6, serving.PROPOSER)
-    llm = pair.target_engine.llm(spec)
-    proposer = serving.SHARED.proposer
+    500 requests served in groups it holds what it held after 50 (on llama.cpp: no sequence of a request that
+    left, no more contexts)."""
+    llm, proposer = _side(request, pair, draft)
     proposer.set_policy(PolicySpec("threshold", threshold=0.4))
     serving.SHARED.keep_stats = False
     from vllm import SamplingParams
@@ -174,10 +174,14 @@ def test_nothing_is_kept_per_finished_request(pair, ids):
             prompts = [TokensPrompt(prompt_token_ids=ids[(group + j) % len(ids)]) for j in range(10)]
             llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
             if group in (4, 49):
-                sizes.append((len(proposer.requests), len(proposer.finished), len(proposer.spare_engines)))
+                held = (len(proposer.batch), len(proposer.batch._contexts)) if proposer.batch is not None else ()
+                sizes.append((len(proposer.requests), len(proposer.finished), len(proposer.spare_engines), held))
     finally:
         serving.SHARED.keep_stats = True
     assert sizes[0] == sizes[1] and sizes[1][1] == 0
+    assert (proposer.batch is not None) == (draft == "llama.cpp")
+    if proposer.batch is not None:  # a sequence per request still held (finished, not yet seen gone), no other
+        assert len(proposer.batch) <= len(proposer.requests)
 
 
 def test_a_window_vllm_did_not_verify_is_drafted_on(pair, ids, monkeypatch):
@@ -197,16 +201,15 @@ def test_a_window_vllm_did_not_verify_is_drafted_on(pair, ids, monkeypatch):
     assert len(again) == 3 and again[:2] == first[1:]  # the same draft model, the same path: the same tokens
 
 
-def test_same_prompt_sampled_and_a_second_turn_keep_their_own_state(pair, ids):
+@pytest.mark.parametrize("draft", ["torch", "llama.cpp"])
+def test_same_prompt_sampled_and_a_second_turn_keep_their_own_state(request, pair, ids, draft):
     """The side engine keys each request by vLLM's id (vllm_proposer.batch_requests): four requests with one
     prompt at temperature 0.8 run together, then a second turn extending a finished first one; each has its own
-    draft session, policy and counts (recognised by their prompt, they took each other's)."""
+    draft session (llama.cpp: sequence), policy and counts (recognised by their prompt, they took each other's)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    spec = SpecConfig("custom_class", 6, serving.PROPOSER)
-    llm = pair.target_engine.llm(spec)
-    proposer = serving.SHARED.proposer
+    llm, proposer = _side(request, pair, draft)
     proposer.set_policy(PolicySpec("threshold", threshold=0.4))
 
     def run(prompts, max_tokens, temperature, seeds):
@@ -223,6 +226,79 @@ def test_same_prompt_sampled_and_a_second_turn_keep_their_own_state(pair, ids):
     assert len(set(map(tuple, first))) > 1  # they did sample differently
     run([ids[1] + first[0] + ids[2]], 20, 0.0, [None])
     assert proposer.requests == {}
+    assert proposer.batch is None or len(proposer.batch) == 0  # counted requests' sequences are free
+
+
+# --- the batched llama.cpp draft: one sequence per request, one draft forward per position for all --------
+
+
+@pytest.fixture(scope="module")
+def gguf_side(folders, tmp_path_factory):
+    """The tiny pair with its draft as a GGUF on llama.cpp (the side engine's batched draft): its custom_class
+    vLLM instance and that instance's proposer. SHARED is restored: the other tests' proposer is the torch one."""
+    import shutil
+
+    from tiny_gguf import write_tiny_gguf
+
+    from disco.hub import gguf_tokenizer
+
+    root = tmp_path_factory.mktemp("gguf-side")
+    draft = write_tiny_gguf(perturbed(tiny_vllm_qwen(), 0.03), char_tokenizer(), root / "draft.gguf")
+    target = shutil.copytree(folders[0], root / "target")
+    gguf_tokenizer(draft).save_pretrained(target)  # the tokenizer as the GGUF holds it: the draft's, exactly
+    p = load_pair(PairOptions(str(target), str(draft), engine="vllm", dtype="float32", repack="off"))
+    saved = serving.SHARED.pair, serving.SHARED.proposer
+    serving.SHARED.pair = p
+    try:
+        llm = p.target_engine.llm(SpecConfig("custom_class", 6, serving.PROPOSER))
+        proposer = serving.SHARED.proposer
+    finally:
+        serving.SHARED.pair, serving.SHARED.proposer = saved
+    yield llm, proposer
+    p.target_engine.close()
+
+
+def _side(request, pair, draft: str):
+    """The custom_class vLLM instance and its proposer drafting on `draft`: the torch folder or the GGUF."""
+    if draft == "llama.cpp":
+        return request.getfixturevalue("gguf_side")
+    llm = pair.target_engine.llm(SpecConfig("custom_class", 6, serving.PROPOSER))
+    return llm, serving.SHARED.proposer
+
+
+@pytest.mark.parametrize("policy", [PolicySpec("constant", k=3), PolicySpec("threshold", threshold=0.4)], ids=str)
+def test_batched_draft_is_lossless_and_drafts_as_one_request_at_a_time(gguf_side, pair, ids, policy):
+    """Requests of budgets 5..45 submitted together on the batched llama.cpp draft: the output equals vLLM
+    target-only's, and every step's windows (the draft tokens of every request) and each request's counts are
+    those of the sequential path (each request on a llama.cpp context of its own, one after another)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm, proposer = gguf_side
+    budgets = [5, 45, 17, 30, 9]
+    params = [SamplingParams(temperature=0.0, max_tokens=b, stop_token_ids=[EOS]) for b in budgets]
+    prompts = [TokensPrompt(prompt_token_ids=i) for i in ids]
+    plain = pair.target_engine.llm(SpecConfig())
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(prompts, params, use_tqdm=False)]
+    runs = {}
+    inner = proposer.propose
+    for batched in (True, False):
+        serving.SHARED.batched = batched
+        proposer.set_policy(policy)
+        assert (proposer.batch is not None) == batched
+        steps: list[list[list[int]]] = []
+        proposer.propose = lambda *a, **k: steps.append(inner(*a, **k)) or steps[-1]
+        try:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+        finally:
+            del proposer.propose
+            serving.SHARED.batched = True
+        assert [list(o.outputs[0].token_ids) for o in outs] == want
+        counts = [proposer.stats_for(o.prompt_token_ids, o.request_id) for o in outs]
+        runs[batched] = steps, [(c.windows, c.drafted, c.accepted, c.draft_forwards) for c in counts]
+    assert runs[True] == runs[False]
+    assert max(len(w) for step in runs[True][0] for w in step) > 1 and max(sum(map(bool, s)) for s in runs[True][0]) > 2
+    proposer.set_policy(PolicySpec("threshold"))  # back to the batched draft
 
 
 def test_a_policy_that_never_drafts_is_target_only(pair, ids, reference):

@@ -22,7 +22,7 @@ registry entry's `runner` decodes prompts on it (`Runner`, docs/architecture.md,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -92,6 +92,29 @@ class Engine(EngineBase, Protocol):
     ) -> Session: ...  # capacity: prompt + output positions it may reach
 
     def spare(self) -> Engine: ...
+
+    # many requests' drafts in one forward per call (serving: BatchedDraft, sequences keyed by request); None:
+    # the engine has none, and each request drafts on a session of its own (spare())
+    def batched_draft(self, seqs: int) -> BatchedDraft | None: ...
+
+
+class BatchedDraft(Protocol):
+    """One draft model holding a sequence per request (vLLM's side-engine proposer): each feed() is one
+    batched forward over every sequence given tokens (engines/llamacpp_batch.py)."""
+
+    # append each key's tokens to its sequence (a new key starts one): {key: ((vocab,) logits after its last
+    # token, its (hidden,) last-layer state if `hidden`, else None)}
+    def feed(
+        self, tokens: Mapping[Hashable, Sequence[int]], hidden: bool = False
+    ) -> dict[Hashable, tuple[torch.Tensor, torch.Tensor | None]]: ...
+
+    def length(self, key: Hashable) -> int: ...  # tokens key's sequence holds (0: none)
+
+    def truncate(self, key: Hashable, n: int) -> None: ...  # keep its first n tokens (a rejected window)
+
+    def remove(self, key: Hashable) -> None: ...  # the request left: free its sequence
+
+    def __len__(self) -> int: ...  # sequences held
 
 
 class Anchor(Protocol):

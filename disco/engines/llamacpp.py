@@ -34,6 +34,7 @@ import contextlib
 import ctypes
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -64,6 +65,9 @@ from disco.engines.llamacpp_repack import RepackChoice, choose
 from disco.errors import DiscoError
 from disco.hub import check_same_tokenizer, gguf_tokenizer, load_tokenizer
 from disco.options import PairOptions
+
+if TYPE_CHECKING:
+    from disco.engines.llamacpp_batch import LlamaCppBatchedDraft
 
 EXACT_PROBE_WIDTHS = (4, 3, 2)  # batch widths the exact-width probe tries, widest first
 _PROBE_PREFIX, _PROBE_TOKENS = 16, 12  # the probe: 12 tokens after 16 cached ones
@@ -133,23 +137,36 @@ class LlamaCppEngine:
         self._n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         self.n_ctx = min(n_ctx, lc.llama_model_n_ctx_train(self._model) or n_ctx)
         self.n_batch = min(n_batch, self.n_ctx)
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx, cparams.n_batch = self.n_ctx, self.n_batch
         self.n_ubatch = min(n_ubatch or self.n_batch, self.n_batch)
-        cparams.n_ubatch = self.n_ubatch
-        cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.no_perf = True
-        self._ctx = lc.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
+        try:
+            self._ctx = self.new_context(1)
+        except DiscoError:
             lc.llama_model_free(self._model)
-            raise DiscoError(
-                f"llama.cpp could not create a context for {path} (n_ctx {self.n_ctx}): "
-                "out of memory? lower the context"
-            )
+            raise
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._session_id = 0  # a new session invalidates the older ones (they share the one KV cache)
         self._exact_width: int | None = None  # found by the probe on first use (exact_width)
+
+    def new_context(self, n_seq: int) -> ctypes.c_void_p:
+        """A llama.cpp context on this model holding `n_seq` sequences of up to n_ctx positions each (the
+        caller frees it with llama_free). Their KV cells are one pool (kv_unified): with a stream per sequence
+        llama.cpp splits a batch into micro-batches of consecutive seq_ids holding equally many tokens each
+        (llama-batch.cpp, split_equal), so a position where some requests stopped, or a catch-up of unequal
+        lengths, would run several forwards; a unified pool takes any batch in one (a sequence's attention masks
+        the others' cells)."""
+        cparams = self._lc.llama_context_default_params()
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = self.n_ctx * n_seq, self.n_batch, self.n_ubatch
+        cparams.n_seq_max, cparams.kv_unified = n_seq, True
+        cparams.n_threads = cparams.n_threads_batch = self.threads
+        cparams.no_perf = True
+        ctx = self._lc.llama_init_from_model(self._model, cparams)
+        if not ctx:
+            raise DiscoError(
+                f"llama.cpp could not create a context for {self.path} ({n_seq} x {self.n_ctx} positions): "
+                "out of memory? lower the context"
+            )
+        return ctx
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -234,6 +251,12 @@ class LlamaCppEngine:
         return LlamaCppEngine(
             self.path, self.threads, self.verify, self.n_ctx, self.n_batch, self.repack_choice, self.n_ubatch
         )
+
+    def batched_draft(self, seqs: int) -> LlamaCppBatchedDraft:
+        """Many requests' drafts on this model, one llama_decode per call for all of them (serving)."""
+        from disco.engines.llamacpp_batch import LlamaCppBatchedDraft
+
+        return LlamaCppBatchedDraft(self, seqs)
 
     def variants(self) -> list[Variant]:
         """In exact verification, compare also runs the tuned rules and the bound verifying in batches."""

@@ -336,6 +336,10 @@ class TorchEngine:
         """This engine: its sessions without a captured static cache each own their KV cache."""
         return self
 
+    def batched_draft(self, seqs: int) -> None:
+        """None: each request drafts on its own session (its own cache), one after another."""
+        return None
+
     def anchors(self, pair, settings: dict) -> list[AssistedGeneration]:
         return [AssistedGeneration(pair)]
 

@@ -263,6 +263,9 @@ class VllmTarget:
     def spare(self) -> VllmTarget:
         return self  # vLLM batches its requests itself
 
+    def batched_draft(self, seqs: int) -> None:
+        return None  # a target, never a side-engine draft
+
     def serving_rows(self, settings: dict) -> list[ServingRow]:
         """vLLM's own rows: target-only (the reference) and its draft-model decoding at each fixed length
         in settings["fixed_k"] (3 and the tuned one)."""

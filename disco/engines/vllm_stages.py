@@ -261,7 +261,8 @@ def profile_load(
                 per_batch.setdefault(b, []).append(proposer.forward_s / proposer.n_positions)
         else:
             draft_s += proposer.forward_s
-            drafts += sum(r.stats.draft_forwards for r in [*proposer.finished, *proposer.requests])
+            running = [r.stats for r in proposer.requests.values()]
+            drafts += sum(s.draft_forwards for s in [*proposer.finished.values(), *running])
     proposer.propose = inner  # type: ignore[method-assign]
     proposer.set_policy(SHARED.policy if not on_vllm_draft else PolicySpec("target"), None)
     c_step = step_costs(points, max_batch * (max_window + 1))
