@@ -84,6 +84,15 @@ class EngineBase(Protocol):
 
 
 @runtime_checkable
+class Sessions(Protocol):
+    """What registry.loop_engine checks at run time: the engine opens sessions, so disco's loop can drive it (a
+    stub engine need not offer the rest of Engine, such as batched_draft)."""
+
+    def session(
+        self, prompt: torch.Tensor, use_cache: bool = True, hidden: bool = False, capacity: int | None = None
+    ) -> Session: ...
+
+
 class Engine(EngineBase, Protocol):
     """An engine disco's loop drives: a session per decode (registry.loop_engine asks for one)."""
 

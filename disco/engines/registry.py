@@ -8,13 +8,14 @@ ENGINE_KINDS is the order `--engine auto` asks them to claim a pair: the first t
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 import torch
 
 from disco.defaults import ENGINES
 from disco.embedded import pair_name
 from disco.engines import llamacpp, torch_engine, vllm_stages
-from disco.engines.base import Engine, EngineBase, EngineKind, PairParts
+from disco.engines.base import Engine, EngineBase, EngineKind, PairParts, Sessions
 from disco.errors import DiscoError
 from disco.options import PairOptions
 from disco.pair_files import apply_pair_file
@@ -71,9 +72,9 @@ def loop_engine(model) -> Engine:
     """`model` as an engine disco's loop drives (it opens sessions); an engine that decodes by itself (vLLM)
     has none and is refused in one line (its EngineKind.no_session: what to use instead)."""
     engine = as_engine(model)
-    if not isinstance(engine, Engine):
+    if not isinstance(engine, Sessions):
         raise DiscoError(ENGINE_KINDS[engine.name].no_session or f"the {engine.name} engine has no sessions")
-    return engine
+    return cast(Engine, engine)
 
 
 def check_compatible(target: EngineBase, draft: EngineBase) -> None:
