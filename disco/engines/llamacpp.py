@@ -34,7 +34,6 @@ import contextlib
 import ctypes
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -51,6 +50,7 @@ from disco.defaults import (
     VERIFY_MODES,
 )
 from disco.engines.base import EngineKind, PairParts, Variant
+from disco.engines.llamacpp_batch import LlamaCppBatchedDraft
 from disco.engines.llamacpp_lib import (
     DRAFT_QUANTS,
     EMBEDDED_DRAFT_QUANT,
@@ -65,9 +65,6 @@ from disco.engines.llamacpp_repack import RepackChoice, choose
 from disco.errors import DiscoError
 from disco.hub import check_same_tokenizer, gguf_tokenizer, load_tokenizer
 from disco.options import PairOptions
-
-if TYPE_CHECKING:
-    from disco.engines.llamacpp_batch import LlamaCppBatchedDraft
 
 EXACT_PROBE_WIDTHS = (4, 3, 2)  # batch widths the exact-width probe tries, widest first
 _PROBE_PREFIX, _PROBE_TOKENS = 16, 12  # the probe: 12 tokens after 16 cached ones
@@ -254,8 +251,6 @@ class LlamaCppEngine:
 
     def batched_draft(self, seqs: int) -> LlamaCppBatchedDraft:
         """Many requests' drafts on this model, one llama_decode per call for all of them (serving)."""
-        from disco.engines.llamacpp_batch import LlamaCppBatchedDraft
-
         return LlamaCppBatchedDraft(self, seqs)
 
     def variants(self) -> list[Variant]:

@@ -25,15 +25,29 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from disco.errors import DiscoError
 
-if TYPE_CHECKING:
-    from disco.engines.llamacpp import LlamaCppEngine
+
+class _Model(Protocol):
+    """What the batched draft reads of the llama.cpp engine it runs on (engines.llamacpp.LlamaCppEngine, which
+    imports this module: a protocol here, not that class, keeps the import one-way)."""
+
+    _lc: Any  # the llama_cpp module (its low-level API)
+    n_batch: int
+    n_ctx: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    def new_context(self, n_seq: int) -> ctypes.c_void_p: ...
 
 
 @dataclass
@@ -50,7 +64,7 @@ class _Context:
 class LlamaCppBatchedDraft:
     """Sequences keyed by the caller (vLLM's request ids) on contexts of `seqs` sequences each."""
 
-    def __init__(self, engine: LlamaCppEngine, seqs: int) -> None:
+    def __init__(self, engine: _Model, seqs: int) -> None:
         self.engine, self.seqs = engine, seqs
         self._lc = engine._lc
         self._contexts: list[_Context] = []  # made when all sequences are taken, kept (bounded by the peak)
