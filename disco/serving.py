@@ -136,7 +136,7 @@ class DiscoProposer:
     def stats_for(self, prompt: list[int], request_id: str) -> GenStats | None:
         """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once."""
         for rid in [*self.finished, *self.requests]:
-            if rid == request_id or rid.startswith(f"{request_id}-"):
+            if vllm_proposer.is_request(rid, request_id):
                 if rid in self.requests:  # finished, not yet seen gone by propose(): its draft is free now
                     stats = self.requests[rid].stats
                     self._release(rid)

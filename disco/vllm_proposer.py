@@ -132,12 +132,17 @@ def register() -> None:
         install()
 
 
+def is_request(rid: str, request_id: str) -> bool:
+    """Is engine request `rid` the one vLLM's LLM returned as `request_id`? (its engine adds a suffix)"""
+    return rid == request_id or rid.startswith(f"{request_id}-")
+
+
 def take_stats(request_id: str, finished: dict[str, Any], running: dict[str, Any]) -> Any:
     """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once: a finished
     request's counts, or a running request's state's `.stats`; None when neither holds it."""
     for table in (finished, running):
         for rid in list(table):
-            if rid == request_id or rid.startswith(f"{request_id}-"):
+            if is_request(rid, request_id):
                 got = table.pop(rid)
                 return got if table is finished else got.stats
     return None
