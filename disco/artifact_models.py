@@ -1,7 +1,7 @@
 """The models a classifier artifact holds, and their calibration: what predicts P(accept) from the features.
 
 DenseModel (logistic regression, a small MLP, an acceptance head on the draft's hidden state: plain arrays, run
-in numpy or as torch ops on the device), LightGBMModel (a booster, on the host), JoblibModel (any estimator with
+in numpy or as torch ops on the device), LightGBMModel (a booster: on the host, or its trees as tensor ops on an accelerator), JoblibModel (any estimator with
 predict_proba, pickled); Calibration (Platt scaling) and Calibrated (a model behind one). Each reads the FEATURES
 vector by name through `columns`. How they are written, hashed and loaded is disco.artifact's.
 """
@@ -16,6 +16,7 @@ import torch
 
 from disco.errors import DiscoError
 from disco.features import FEATURES
+from disco.tree_tensors import TreeTensors
 
 _ACTIVATIONS = ("identity", "relu", "tanh", "logistic")
 
@@ -150,7 +151,7 @@ class DenseModel:
 
 
 class LightGBMModel:
-    """A LightGBM booster over FEATURES[columns]; runs on the host."""
+    """A LightGBM booster over FEATURES[columns]: predict on the host, or its trees as tensor ops on a device."""
 
     kind = "lightgbm"
     hidden_dim = 0
@@ -165,9 +166,14 @@ class LightGBMModel:
         return self.booster.predict(_as_2d(X)[:, self.columns], num_threads=1)
 
     def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        """LightGBM has no device path: copy the (F,) or (B, F) features to the host and predict there, in one
-        call for a batch (a 0-dim or (B,) result)."""
-        return lambda x: _host_predict(self, x)
+        """(F,) or (B, F) features on `device` -> 0-dim or (B,) P(accept). On an accelerator the trees run as
+        tensor ops there (tree_tensors.py: no copy to the host, no sync per decision); on a CPU the booster's
+        own predict, one call for a batch, is the cheaper (bench/RESULTS.md, "The decision's cost"). LightGBM
+        also runs what the tensor form cannot hold (categorical splits, linear trees)."""
+        trees = None
+        if torch.device(device).type != "cpu":
+            trees = TreeTensors.from_booster(self.booster, self.columns, device)
+        return trees if trees is not None else lambda x: _host_predict(self, x)
 
     def to_text(self) -> str:
         return self.booster.model_to_string()

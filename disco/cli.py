@@ -41,6 +41,7 @@ from disco.defaults import (
     DEFAULT_VERIFY_SLOPE,
     DEFAULT_VLLM_FIXED_K,
     DEFAULT_VLLM_MAX_SEQS,
+    DEFAULT_VLLM_PROPOSERS,
     DEFAULT_WARMUP,
     DEMO_MAX_NEW_TOKENS,
     DEMO_PER_TASK,
@@ -157,6 +158,11 @@ def compare(
     load_profile: Optional[Path] = typer.Option(
         None, help="vLLM: a load profile (disco profile --engine vllm): the cost rules decide per batch."
     ),
+    proposers: str = typer.Option(
+        ",".join(DEFAULT_VLLM_PROPOSERS),
+        help="vLLM: disco's proposers to run each policy in, comma-separated: draft (on vLLM's own draft model), "
+        "side (the side-engine draft). Each is a vLLM instance of its own: on a small machine, one per run.",
+    ),
     options: PairOptions = None,
 ) -> None:
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
@@ -183,6 +189,7 @@ def compare(
         concurrency,
         fixed_k,
         load_profile,
+        proposers,
         options,
     )
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from disco.defaults import DEFAULT_VLLM_PROPOSERS
 from disco.errors import DiscoError
 from disco.options import PairOptions
 
@@ -98,6 +99,7 @@ def compare(
     concurrency: str,
     fixed_k: str,
     load_profile: Optional[Path],
+    proposers: str,
     options: PairOptions,
 ) -> None:
     """`disco compare`: every row on the same prompts; the tables on stdout, compare.json and plots under `out`."""
@@ -107,6 +109,7 @@ def compare(
     from disco.prompts import load_prompt_sources
 
     config.validate()
+    chosen = _proposers(proposers)  # before the pair loads: a typo fails at once
     check_seeds(seeds, config.temperature)
     select_entries([], policies)  # a mistyped name fails before the models load
     items = load_prompt_sources(prompts, limit)
@@ -141,12 +144,22 @@ def compare(
     entries = select_entries(entries, policies)
     levels, lengths = _int_list(concurrency, "--concurrency"), _int_list(fixed_k, "--fixed-k")
     load = read_load_profile(load_profile) if load_profile is not None else None
-    settings = {"fixed_k": [(k, "") for k in lengths]}  # vLLM's own draft-model rows
+    settings = {"fixed_k": [(k, "") for k in lengths], "proposers": chosen}  # vLLM's rows
     result = run_compare(
         pair, items, entries, config, out, chat, seeds=seeds, concurrency=levels, settings=settings, load=load
     )
     typer.echo(report(result))
     _say(written(out, result))
+
+
+def _proposers(text: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    unknown = sorted(set(names) - set(DEFAULT_VLLM_PROPOSERS))
+    if unknown or not names:
+        raise DiscoError(
+            f"--proposers {text!r}: choose among {', '.join(DEFAULT_VLLM_PROPOSERS)}, comma-separated (e.g. draft)"
+        )
+    return names
 
 
 def _int_list(text: str, flag: str) -> list[int]:

@@ -71,6 +71,11 @@ class PolicySpec:
     def kind(self) -> PolicyKind:
         return POLICIES[self.name]
 
+    @property
+    def runs_batched(self) -> bool:
+        """Whether this policy, with these knobs, has a form for a whole batch on vLLM's own draft."""
+        return self.kind.batched is not None and self.kind.batched_when(self)
+
     def build(
         self,
         target_tokens: Sequence[int] | None = None,
@@ -107,6 +112,7 @@ class PolicyKind:
     settings: tuple[str, ...] = ()  # the PolicySpec knobs it reads, checked when a spec names it
     # its form for a whole batch on vLLM's own draft (batch_policy.py); None: not available there
     batched: Callable[[PolicySpec, BatchContext], BatchPolicy] | None = None
+    batched_when: Callable[[PolicySpec], bool] = lambda spec: True  # the knobs the batched form takes
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,7 @@ POLICIES: dict[str, PolicyKind] = {
         lambda spec, ctx: ThresholdPolicy(spec.threshold, adaptive=spec.adaptive),
         settings=("threshold",),
         batched=_batched_threshold,
+        batched_when=lambda spec: not spec.adaptive,  # transformers' ROC update is one sequence's
     ),
     "adaedl": PolicyKind(
         lambda spec, ctx: AdaEDLPolicy(spec.lam, adaptive=spec.lam_adaptive, max_window=ctx.max_window),

@@ -158,3 +158,11 @@ def test_installed_command_exits_2_without_traceback():
         proc.stderr.strip()
         == "error: unknown policy 'nope': choose one of target, constant, heuristic, threshold, adaedl, svip, oracle, classifier"
     )
+
+
+def test_compare_refuses_an_unknown_proposer_before_loading(capsys):
+    code, _, err = cli(capsys, "compare", "--prompts", "code-test", "--engine", "vllm", "--proposers", "draft,gpu")
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "error: --proposers 'draft,gpu': choose among draft, side, comma-separated (e.g. draft)"
+    ]

@@ -379,6 +379,30 @@ def test_serving_compare_rows_and_counts(pair, tmp_path):
     assert (tmp_path / "out" / "c3" / "table.md").is_file()
 
 
+def test_serving_rows_by_proposer(pair):
+    """--proposers picks disco's proposers; a policy without a batched form with its knobs (the adaptive
+    threshold) runs on the side engine only."""
+    from disco.compare import Entry
+    from disco.engines.vllm_stages import serving_rows
+
+    entries = [
+        Entry("threshold 0.5", PolicySpec("threshold", threshold=0.5)),
+        Entry("threshold adaptive", PolicySpec("threshold", threshold=0.4, adaptive=True)),
+    ]
+
+    def labels(proposers: tuple[str, ...]) -> list[str]:
+        return [r.label for r in serving_rows(pair, entries, 4, {"fixed_k": [], "proposers": proposers})]
+
+    assert labels(("draft", "side")) == [
+        "target",
+        "vllm draft + threshold 0.5",
+        "vllm + threshold 0.5",
+        "vllm + threshold adaptive",
+    ]
+    assert labels(("draft",)) == ["target", "vllm draft + threshold 0.5"]
+    assert labels(("side",)) == ["target", "vllm + threshold 0.5", "vllm + threshold adaptive"]
+
+
 def test_serving_compare_asks_second_turns_after_vllms_own_answers(pair, tmp_path, monkeypatch):
     """mt-bench-2 on vLLM: the first turns are answered by vLLM target-only, together (its target has no
     session), cached, and each second turn is decoded as the whole conversation."""

@@ -75,7 +75,7 @@ class VllmRunner:
         target = self.pair.target_engine
         if spec.name == "target":
             row = ServingRow(spec.name, SpecConfig())
-        elif target.draft_folder is not None and spec.kind.batched is not None:  # on vLLM's own draft
+        elif target.draft_folder is not None and spec.runs_batched:  # on vLLM's own draft
             row = ServingRow(spec.name, SpecConfig(DISCO_DRAFT, config.max_window, str(target.draft_folder)), spec)
         else:  # a GGUF draft (vLLM loads none on CPUs), or a policy without a batched form: the side-engine proposer
             row = ServingRow(spec.name, SpecConfig("custom_class", config.max_window, PROPOSER), spec)
@@ -150,7 +150,7 @@ def serving_rows(pair: Any, entries: Sequence[Any], max_window: int, settings: d
     for e in entries:
         if e.spec is None or e.spec.kind.needs_target_tokens or e.variant is not None:
             continue
-        if draft is not None and "draft" in proposers and e.spec.kind.batched is not None:
+        if draft is not None and "draft" in proposers and e.spec.runs_batched:
             rows.append(ServingRow(f"vllm draft + {e.label}", draft, policy=e.spec))
         if "side" in proposers:
             rows.append(ServingRow(f"vllm + {e.label}", side, policy=e.spec))
