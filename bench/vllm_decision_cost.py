@@ -11,25 +11,38 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
+from disco.artifact import load_artifact  # noqa: E402
 from disco.cpu import read_load_profile  # noqa: E402
 from disco.engines.vllm import DISCO_DRAFT, SpecConfig  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
 from disco.policy_registry import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
+from disco.tree_tensors import TreeTensors  # noqa: E402
 
 PROFILE = "bench/vllm/serve/profile-draft.json"
+CLASSIFIER = "models/embedded-qwen2.5-coder-vllm"
 POLICIES = {
     "threshold 0.5": PolicySpec("threshold", threshold=0.5),
-    "classifier (shipped vLLM artifact)": PolicySpec("classifier", classifier="models/embedded-qwen2.5-coder-vllm"),
-    "classifier, token rule": PolicySpec(
-        "classifier", classifier="models/embedded-qwen2.5-coder-vllm", classifier_rule="token"
-    ),
+    "classifier (shipped vLLM artifact)": PolicySpec("classifier", classifier=CLASSIFIER),
+    "classifier, token rule": PolicySpec("classifier", classifier=CLASSIFIER, classifier_rule="token"),
     "classifier, cost rule + load profile (pooled)": PolicySpec(
-        "classifier", classifier="models/embedded-qwen2.5-coder-vllm", classifier_rule="cost"
+        "classifier", classifier=CLASSIFIER, classifier_rule="cost"
     ),
 }
-LOADED = {"classifier, cost rule + load profile (pooled)"}  # decide with the batched load profile
+POLICIES["classifier, cost rule + load profile, trees as tensor ops"] = POLICIES[
+    "classifier, cost rule + load profile (pooled)"
+]
+LOADED = {"classifier, cost rule + load profile (pooled)", "classifier, cost rule + load profile, trees as tensor ops"}
+TREES = {"classifier, cost rule + load profile, trees as tensor ops"}  # what an accelerator runs, here on the CPU
+
+
+def on_device_trees(proposer) -> None:
+    """The policy's model as tree_tensors.TreeTensors on the CPU (LightGBMModel.torch_predictor keeps the host
+    call there): the measurement behind that choice."""
+    artifact = load_artifact(CLASSIFIER)
+    trees = TreeTensors.from_booster(artifact.model.booster, artifact.model.columns)
+    proposer.policy.predict = lambda x: artifact.calibration(trees(x))
 
 
 def main(n_prompts: int = 8, tokens: int = 64) -> None:
@@ -46,6 +59,8 @@ def main(n_prompts: int = 8, tokens: int = 64) -> None:
     for label, policy in POLICIES.items():
         for b in (1, 4, 8):
             proposer.set_policy(policy, read_load_profile(PROFILE) if label in LOADED else None)
+            if label in TREES:
+                on_device_trees(proposer)
             for start in range(0, len(ids), b):
                 target.generate_batch(spec, ids[start : start + b], tokens, pair.eos_token_ids, b)
             n = max(proposer.n_positions, 1)

@@ -90,9 +90,12 @@ class DenseModel:
                 z = self._hidden(z)
         return 1.0 / (1.0 + np.exp(-z[:, 0]))
 
-    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        """(F,) or (B, F) float tensor on `device` -> 0-dim or (B,) P(accept), computed on the device in float32
-        (one row for disco's loop, a batch for vLLM's proposer)."""
+    def torch_predictor(
+        self, device: torch.device, calibration: Calibration | None = None
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """(F,) or (B, F) float tensor on `device` -> 0-dim or (B,) P(accept) (through `calibration`), computed on
+        the device in float32 (one row for disco's loop, a batch for vLLM's proposer)."""
+        calibrate = calibration or Calibration()
         t = lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)  # noqa: E731
         cols, mean, scale = torch.as_tensor(self.columns, device=device), t(self.mean), t(self.scale)
         layers = [(t(W), t(b)) for W, b in self.layers]
@@ -107,7 +110,7 @@ class DenseModel:
                 z = z @ W + b
                 if i < len(layers) - 1:
                     z = self._hidden(z)
-            return torch.sigmoid(z[..., 0])
+            return calibrate(torch.sigmoid(z[..., 0]))
 
         return predict
 
@@ -165,15 +168,21 @@ class LightGBMModel:
         # the single rows of the live policy (80 us vs 300 us a row here).
         return self.booster.predict(_as_2d(X)[:, self.columns], num_threads=1)
 
-    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        """(F,) or (B, F) features on `device` -> 0-dim or (B,) P(accept). On an accelerator the trees run as
-        tensor ops there (tree_tensors.py: no copy to the host, no sync per decision); on a CPU the booster's
-        own predict, one call for a batch, is the cheaper (bench/RESULTS.md, "The decision's cost"). LightGBM
-        also runs what the tensor form cannot hold (categorical splits, linear trees)."""
+    def torch_predictor(
+        self, device: torch.device, calibration: Calibration | None = None
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """(F,) or (B, F) features on `device` -> 0-dim or (B,) P(accept) (through `calibration`). On an
+        accelerator the trees run as tensor ops there (tree_tensors.py: no copy to the host, no sync per
+        decision); on a CPU the booster's own predict, one call for a batch, and the calibration in numpy are
+        the cheaper (bench/RESULTS.md, "The decision's cost"). LightGBM also runs what the tensor form cannot
+        hold (categorical splits, linear trees)."""
+        calibrate = calibration or Calibration()
         trees = None
         if torch.device(device).type != "cpu":
             trees = TreeTensors.from_booster(self.booster, self.columns, device)
-        return trees if trees is not None else lambda x: _host_predict(self, x)
+        if trees is None:
+            return lambda x: _host_predict(lambda X: calibrate(self.predict_proba(X)), x)
+        return lambda x: calibrate(trees(x))
 
     def to_text(self) -> str:
         return self.booster.model_to_string()
@@ -198,13 +207,17 @@ class JoblibModel:
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         return self.estimator.predict_proba(_as_2d(X)[:, self.columns])[:, 1]
 
-    def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        return lambda x: _host_predict(self, x)
+    def torch_predictor(
+        self, device: torch.device, calibration: Calibration | None = None
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        calibrate = calibration or Calibration()
+        return lambda x: _host_predict(lambda X: calibrate(self.predict_proba(X)), x)
 
 
-def _host_predict(model: LightGBMModel | JoblibModel, x: torch.Tensor) -> torch.Tensor:
-    """A host model's P(accept) of (F,) or (B, F) features on any device: 0-dim or (B,), on x's device."""
-    p = model.predict_proba(x.detach().double().cpu().reshape(-1, x.shape[-1]).numpy())
+def _host_predict(predict_proba: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Tensor:
+    """A host model's P(accept) of (F,) or (B, F) features on any device: 0-dim or (B,), on x's device (one
+    trip to the host and back; the calibration runs there, in the simulator's arithmetic)."""
+    p = predict_proba(x.detach().double().cpu().reshape(-1, x.shape[-1]).numpy())
     return torch.as_tensor(p, device=x.device).reshape(x.shape[:-1])
 
 
@@ -239,5 +252,4 @@ class Calibrated:
         return self.calibration(self.model.predict_proba(X))
 
     def torch_predictor(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        inner = self.model.torch_predictor(device)
-        return lambda x: self.calibration(inner(x))
+        return self.model.torch_predictor(device, self.calibration)

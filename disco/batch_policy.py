@@ -13,6 +13,7 @@ adaedl, svip, oracle) are refused by the proposer in one line.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -205,7 +206,7 @@ class BatchClassifier:
         m = torch.arange(1, top - pos, dtype=torch.float64, device=p.device)  # m more positions
         a = p.double()[:, None].expand(-1, len(m)).cumprod(1)
         gain = ((self._survive[:, None] * a).cumsum(1) * keep[:, None]).sum(0)  # (M,) the batch's tokens
-        c_step = torch.tensor(c.c_step, dtype=torch.float64, device=p.device)
+        c_step = _as_tensor(c.c_step, p.device)
         last = len(c_step) - 1
         now = (self._verified.long() - 1).clamp(0, last)
         then = (self._verified.long() - 1 + keep.sum() * m.long()).clamp(0, last)
@@ -230,10 +231,23 @@ def _pays(
     top = len(c.c_t)
     if i + 1 >= top:
         return torch.zeros(n, dtype=torch.bool, device=survive.device)
-    c_d = c.c_d if c_d is None else c_d
-    base = i * c_d + c.c_t[min(i, top - 1)]
-    m = range(i + 1, top)
-    extra = torch.tensor([rho * (j * c_d + c.c_t[j] - base) for j in m], dtype=torch.float64, device=survive.device)
-    a = forecast.double()[:, None].expand(n, len(m)).cumprod(1)
+    extra = _extra_costs(c, i, rho, c.c_d if c_d is None else c_d, survive.device)
+    a = forecast.double()[:, None].expand(n, len(extra)).cumprod(1)
     gain = (survive.double()[:, None] * a).cumsum(1)
     return (gain > extra).any(1)
+
+
+@functools.lru_cache(maxsize=512)
+def _extra_costs(c: CostModel, i: int, rho: float, c_d: float, device: torch.device) -> torch.Tensor:
+    """(top - i - 1,) float64: rho x what a window of j = i + 1 .. top - 1 tokens costs beyond one of i. Made once
+    per cost model, position and rate (every draft position asks: the decision's cost is measured)."""
+    top = len(c.c_t)
+    base = i * c_d + c.c_t[min(i, top - 1)]
+    return torch.tensor(
+        [rho * (j * c_d + c.c_t[j] - base) for j in range(i + 1, top)], dtype=torch.float64, device=device
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _as_tensor(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64, device=device)

@@ -147,7 +147,8 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) over the last dimension: the one definition the live loop, the policies and the
     collector share."""
     probs = probs.float()
-    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+    terms = probs.clamp_min(1e-30).log_().mul_(probs)  # one temporary (B x V floats), not three
+    return -terms.sum(-1)
 
 
 def token_features(

@@ -232,7 +232,10 @@ def choose_for_load(
     choice records every candidate's ratios ("serving")."""
     levels = serving_levels(cost, max_window)
     fixed = {
-        b: max(simulate_batched(traces, BatchConstant(k), cost, b, max_window).tokens_per_s for k in range(1, 5))
+        b: max(
+            simulate_batched(traces, BatchConstant(k), cost, b, max_window).tokens_per_s
+            for k in range(1, max_window + 1)  # vLLM's num_speculative_tokens, any length the windows allow
+        )
         for b in levels
     }
     # vLLM's draft gives its proposer no hidden state: the models that read it are not candidates there
