@@ -394,13 +394,13 @@ def test_serving_rows_by_proposer(pair):
         return [r.label for r in serving_rows(pair, entries, 4, {"fixed_k": [], "proposers": proposers})]
 
     assert labels(("draft", "side")) == [
-        "target",
+        "vllm target-only",
         "vllm draft + threshold 0.5",
         "vllm + threshold 0.5",
         "vllm + threshold adaptive",
     ]
-    assert labels(("draft",)) == ["target", "vllm draft + threshold 0.5"]
-    assert labels(("side",)) == ["target", "vllm + threshold 0.5", "vllm + threshold adaptive"]
+    assert labels(("draft",)) == ["vllm target-only", "vllm draft + threshold 0.5"]
+    assert labels(("side",)) == ["vllm target-only", "vllm + threshold 0.5", "vllm + threshold adaptive"]
 
 
 def test_serving_compare_asks_second_turns_after_vllms_own_answers(pair, tmp_path, monkeypatch):
