@@ -1,9 +1,10 @@
 """The models a classifier artifact holds, and their calibration: what predicts P(accept) from the features.
 
 DenseModel (logistic regression, a small MLP, an acceptance head on the draft's hidden state: plain arrays, run
-in numpy or as torch ops on the device), LightGBMModel (a booster: on the host, or its trees as tensor ops on an accelerator), JoblibModel (any estimator with
-predict_proba, pickled); Calibration (Platt scaling) and Calibrated (a model behind one). Each reads the FEATURES
-vector by name through `columns`. How they are written, hashed and loaded is disco.artifact's.
+in numpy or as torch ops on the device), LightGBMModel (a booster: on the host, or its trees as tensor ops on an
+accelerator), JoblibModel (any estimator with predict_proba, pickled); Calibration (Platt scaling) and Calibrated
+(a model behind one). Each reads the FEATURES vector by name through `columns`. How they are written, hashed and
+loaded is disco.artifact's.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class TreeTensors:
         return (hits * self.leaf_id).sum(2)
 
 
-def _walk(node: dict, path: tuple = ()) -> tuple[list[dict], list[tuple[dict, tuple]]]:
+def _walk(node: dict) -> tuple[list[dict], list[tuple[dict, tuple]]]:
     """A dumped tree's internal nodes (in the order numbered here) and its leaves with their paths ((node
     number, went left), ...)."""
     inner: list[dict] = []
@@ -114,5 +114,5 @@ def _walk(node: dict, path: tuple = ()) -> tuple[list[dict], list[tuple[dict, tu
         visit(n["left_child"], (*path, (i, True)))
         visit(n["right_child"], (*path, (i, False)))
 
-    visit(node, path)
+    visit(node, ())
     return inner, leaves
