@@ -177,12 +177,12 @@ class LightGBMModel:
         decision); on a CPU the booster's own predict, one call for a batch, and the calibration in numpy are
         the cheaper (bench/RESULTS.md, "The decision's cost"). LightGBM also runs what the tensor form cannot
         hold (categorical splits, linear trees)."""
-        calibrate = calibration or Calibration()
         trees = None
         if torch.device(device).type != "cpu":
             trees = TreeTensors.from_booster(self.booster, self.columns, device)
         if trees is None:
-            return lambda x: _host_predict(lambda X: calibrate(self.predict_proba(X)), x)
+            return _on_host(self, calibration)
+        calibrate = calibration or Calibration()
         return lambda x: calibrate(trees(x))
 
     def to_text(self) -> str:
@@ -211,15 +211,21 @@ class JoblibModel:
     def torch_predictor(
         self, device: torch.device, calibration: Calibration | None = None
     ) -> Callable[[torch.Tensor], torch.Tensor]:
-        calibrate = calibration or Calibration()
-        return lambda x: _host_predict(lambda X: calibrate(self.predict_proba(X)), x)
+        return _on_host(self, calibration)
 
 
-def _host_predict(predict_proba: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Tensor:
+def _on_host(
+    model: LightGBMModel | JoblibModel, calibration: Calibration | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """A host model's P(accept) of (F,) or (B, F) features on any device: 0-dim or (B,), on x's device (one
     trip to the host and back; the calibration runs there, in the simulator's arithmetic)."""
-    p = predict_proba(x.detach().double().cpu().reshape(-1, x.shape[-1]).numpy())
-    return torch.as_tensor(p, device=x.device).reshape(x.shape[:-1])
+    calibrate = calibration or Calibration()
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        p = calibrate(model.predict_proba(x.detach().double().cpu().reshape(-1, x.shape[-1]).numpy()))
+        return torch.as_tensor(p, device=x.device).reshape(x.shape[:-1])
+
+    return predict
 
 
 Model = DenseModel | LightGBMModel | JoblibModel

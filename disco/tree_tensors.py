@@ -19,16 +19,17 @@ import torch
 
 _ZERO = 1e-35  # LightGBM's kZeroThreshold: |x| at most this is "zero" for a split whose missing type is Zero
 _MISSING = {"None": 0, "Zero": 1, "NaN": 2}
+Walked = tuple[list[dict], list[tuple[dict, tuple]]]  # a tree's internal nodes; its leaves with their paths
 
 
 class TreeTensors:
     """The trees of a binary LightGBM booster over `columns` of the feature rows, on one device."""
 
-    def __init__(self, trees: list[dict], sigmoid: float, columns: list[int], device: Any = "cpu") -> None:
-        nodes = [_walk(t["tree_structure"]) for t in trees]
+    def __init__(self, nodes: list[Walked], sigmoid: float, columns: list[int], device: Any = "cpu") -> None:
+        """nodes: each tree's internal nodes and leaves with their paths (_walk)."""
         n_max = max(1, max(len(inner) for inner, _ in nodes))
         l_max = max(len(leaves) for _, leaves in nodes)
-        T = len(trees)
+        T = len(nodes)
         feat = torch.zeros(T, n_max, dtype=torch.long)
         thr = torch.zeros(T, n_max, dtype=torch.float64)
         default_left = torch.zeros(T, n_max, dtype=torch.bool)
@@ -67,14 +68,13 @@ class TreeTensors:
         if not objective or objective[0] != "binary" or model.get("average_output") or not model.get("tree_info"):
             return None
         sigmoid = next((float(o.split(":")[1]) for o in objective[1:] if o.startswith("sigmoid:")), 1.0)
-        trees = model["tree_info"]
-        for tree in trees:
-            inner, leaves = _walk(tree["tree_structure"])
+        nodes = [_walk(tree["tree_structure"]) for tree in model["tree_info"]]
+        for inner, leaves in nodes:
             if any(n.get("decision_type") != "<=" or n.get("missing_type") not in _MISSING for n in inner):
                 return None  # categorical splits
             if any("leaf_coeff" in leaf for leaf, _ in leaves):
                 return None  # linear trees
-        return cls(trees, sigmoid, columns, device)
+        return cls(nodes, sigmoid, columns, device)
 
     def _hits(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, L) bool: the leaf each row reaches in each tree. x: (B, F) rows, FEATURES order."""
@@ -99,7 +99,7 @@ class TreeTensors:
         return (hits * self.leaf_id).sum(2)
 
 
-def _walk(node: dict) -> tuple[list[dict], list[tuple[dict, tuple]]]:
+def _walk(node: dict) -> Walked:
     """A dumped tree's internal nodes (in the order numbered here) and its leaves with their paths ((node
     number, went left), ...)."""
     inner: list[dict] = []
