@@ -155,13 +155,18 @@ def compare(
         str(DEFAULT_VLLM_FIXED_K),
         help="vLLM: its own draft-model decoding at these fixed lengths, comma-separated (e.g. 3 and the tuned one).",
     ),
+    dynamic_schedule: Optional[str] = typer.Option(
+        None,
+        help="vLLM: a row of its Dynamic SD with this schedule, one draft length per batch size in vLLM's own "
+        "format (num_speculative_tokens_per_batch_size), e.g. '[[1,3,3],[4,256,2]]': [first, last batch size, k].",
+    ),
     load_profile: Optional[Path] = typer.Option(
         None, help="vLLM: a load profile (disco profile --engine vllm): the cost rules decide per batch."
     ),
     proposers: str = typer.Option(
         ",".join(DEFAULT_VLLM_PROPOSERS),
         help="vLLM: disco's proposers to run each policy in, comma-separated: draft (on vLLM's own draft model), "
-        "side (the side-engine draft). Each is a vLLM instance of its own: on a small machine, one per run.",
+        "side (the side-engine draft). On CPUs every draft row shares one vLLM instance; the side engine is one more.",
     ),
     options: PairOptions = None,
 ) -> None:
@@ -188,6 +193,7 @@ def compare(
         chat,
         concurrency,
         fixed_k,
+        dynamic_schedule,
         load_profile,
         proposers,
         options,

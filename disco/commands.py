@@ -7,6 +7,7 @@ what it found and write its files. Stdout gets the results (text, tables), stder
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -98,6 +99,7 @@ def compare(
     chat: Optional[bool],
     concurrency: str,
     fixed_k: str,
+    dynamic_schedule: Optional[str],
     load_profile: Optional[Path],
     proposers: str,
     options: PairOptions,
@@ -110,6 +112,7 @@ def compare(
 
     config.validate()
     chosen = _proposers(proposers)  # before the pair loads: a typo fails at once
+    schedule = _schedule(dynamic_schedule) if dynamic_schedule is not None else None
     check_seeds(seeds, config.temperature)
     select_entries([], policies)  # a mistyped name fails before the models load
     items = load_prompt_sources(prompts, limit)
@@ -144,7 +147,7 @@ def compare(
     entries = select_entries(entries, policies)
     levels, lengths = _int_list(concurrency, "--concurrency"), _int_list(fixed_k, "--fixed-k")
     load = read_load_profile(load_profile) if load_profile is not None else None
-    settings = {"fixed_k": [(k, "") for k in lengths], "proposers": chosen}  # vLLM's rows
+    settings = {"fixed_k": [(k, "") for k in lengths], "proposers": chosen, "schedule": schedule}  # vLLM's rows
     result = run_compare(
         pair, items, entries, config, out, chat, seeds=seeds, concurrency=levels, settings=settings, load=load
     )
@@ -160,6 +163,27 @@ def _proposers(text: str) -> tuple[str, ...]:
             f"--proposers {text!r}: choose among {', '.join(DEFAULT_VLLM_PROPOSERS)}, comma-separated (e.g. draft)"
         )
     return names
+
+
+def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    """--dynamic-schedule: vLLM's num_speculative_tokens_per_batch_size, [[first, last batch size, k], ...], checked
+    as vLLM checks it (v1/spec_decode/dynamic/utils.py), here: vLLM would refuse it only after the pair loads."""
+    hint = (
+        "give [[first, last batch size, k], ...] in JSON, batch sizes from 1 in order, k >= 0 and one k >= 1, "
+        "e.g. '[[1,3,3],[4,256,2]]'"
+    )
+    try:
+        rows = json.loads(text)
+        schedule = tuple((int(a), int(b), int(k)) for a, b, k in rows)
+        if any(isinstance(v, bool) or int(v) != v for r in rows for v in r):
+            raise ValueError
+    except (ValueError, TypeError):
+        raise DiscoError(f"--dynamic-schedule {text!r} is not a schedule: {hint}") from None
+    ends = [0] + [b for _, b, _ in schedule[:-1]]
+    bad = any(a <= end or b < a or k < 0 for (a, b, k), end in zip(schedule, ends))
+    if not schedule or schedule[0][0] != 1 or bad or max(k for _, _, k in schedule) < 1:
+        raise DiscoError(f"--dynamic-schedule {text!r}: {hint}")
+    return schedule
 
 
 def _int_list(text: str, flag: str) -> list[int]:

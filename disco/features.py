@@ -137,7 +137,8 @@ def batch_top_probs(probs: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
     pad = (-V) % _TOPK_CHUNK
     if (V + pad) // _TOPK_CHUNK <= k:
         return probs.topk(k, dim=1).values
-    chunks = torch.nn.functional.pad(probs, (0, pad), value=float("-inf")).view(B, -1, _TOPK_CHUNK)
+    padded = torch.nn.functional.pad(probs, (0, pad), value=float("-inf")) if pad else probs  # (no copy if whole)
+    chunks = padded.reshape(B, -1, _TOPK_CHUNK)
     picked = chunks.amax(2).topk(k, dim=1).indices  # (B, k)
     values = chunks.gather(1, picked[:, :, None].expand(B, k, _TOPK_CHUNK))  # (B, k, _TOPK_CHUNK)
     return values.flatten(1).topk(k, dim=1).values

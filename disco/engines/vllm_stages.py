@@ -143,15 +143,17 @@ def serving_rows(pair: Any, entries: Sequence[Any], max_window: int, settings: d
     POLICY", where the pair has a draft folder and the policy a batched form) and on the side engine ("vllm +
     POLICY"), as settings["proposers"] asks. The oracle needs the target's output in advance and has no vLLM row."""
     target = pair.target_engine
-    rows = target.serving_rows(settings)
+    rows = target.serving_rows(settings, max_window)
     side = SpecConfig("custom_class", max_window, PROPOSER)
-    draft = SpecConfig(DISCO_DRAFT, max_window, str(target.draft_folder)) if target.draft_folder else None
+    shared = target.shared_draft(settings, max_window)
+    draft = shared or (SpecConfig(DISCO_DRAFT, max_window, str(target.draft_folder)) if target.draft_folder else None)
+    lengths = ((1, 1, max_window),) if shared else None  # the shared instance may draft further for vLLM's rows
     proposers = settings.get("proposers", DEFAULT_VLLM_PROPOSERS)
     for e in entries:
         if e.spec is None or e.spec.kind.needs_target_tokens or e.variant is not None:
             continue
         if draft is not None and "draft" in proposers and e.spec.runs_batched:
-            rows.append(ServingRow(f"vllm draft + {e.label}", draft, policy=e.spec))
+            rows.append(ServingRow(f"vllm draft + {e.label}", draft, policy=e.spec, lengths=lengths))
         if "side" in proposers:
             rows.append(ServingRow(f"vllm + {e.label}", side, policy=e.spec))
     return rows
@@ -159,15 +161,18 @@ def serving_rows(pair: Any, entries: Sequence[Any], max_window: int, settings: d
 
 def _proposer(target: VllmTarget, row: ServingRow, max_seqs: int, load: Any) -> Any:
     """disco's proposer for `row` (None: one of vLLM's own rows), built once, set to the row's policy: the one on
-    vLLM's draft (vllm_proposer.DiscoDraftProposer) or the side-engine one (serving.DiscoProposer, which
-    registers itself in vllm_proposer.SHARED)."""
-    if row.policy is None:
-        return None
+    vLLM's draft (vllm_proposer.DiscoDraftProposer; on the shared draft instance also vLLM's own rows, policy None,
+    each row at its own lengths by batch size) or the side-engine one (serving.DiscoProposer, which registers
+    itself in vllm_proposer.SHARED)."""
     if row.spec.method == DISCO_DRAFT:
         proposer = target.proposer(row.spec, max_seqs)
-    else:
-        target.llm(row.spec, max_seqs)  # built once; its proposer registers itself in SHARED
-        proposer = vllm_proposer.SHARED.proposer
+        proposer.set_policy(row.policy, load)
+        target.set_lengths(row.spec, row.lengths)
+        return proposer if row.policy is not None else None
+    if row.policy is None:
+        return None
+    target.llm(row.spec, max_seqs)  # built once; its proposer registers itself in SHARED
+    proposer = vllm_proposer.SHARED.proposer
     assert proposer is not None
     proposer.set_policy(row.policy, load)
     return proposer
