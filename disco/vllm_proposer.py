@@ -278,7 +278,7 @@ class _DiscoDraft:
     # --- vLLM's draft loop --------------------------------------------------------------------------
 
     def propose(self, num_speculative_tokens: int, *args: Any, **kwargs: Any):  # type: ignore[override]
-        if self.settings is None or self.own:
+        if self.own:  # no settings, or set_policy(None): vLLM's own draft-model decoding
             return super().propose(num_speculative_tokens, *args, **kwargs)  # type: ignore[misc]
         t0 = time.perf_counter()
         cad = kwargs["common_attn_metadata"]

@@ -92,7 +92,7 @@ DISCO_DRAFT = "disco-draft"  # SpecConfig.method: disco's policy on vLLM's own d
 Schedule = tuple[tuple[int, int, int], ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpecConfig:
     """How one vLLM instance speculates: None = target-only."""
 
@@ -136,16 +136,16 @@ class VllmTarget:
         # None: as the first caller asks
         self.max_num_seqs: int | None = None
         self._config = load_config(str(folder))
-        self._llms: dict[tuple, Any] = {}
-        self._proposers: dict[tuple, Any] = {}  # DISCO_DRAFT instances' proposers (vllm_proposer.DiscoDraftProposer)
+        self._llms: dict[SpecConfig, Any] = {}  # by the SpecConfig each was built for
+        # the DISCO_DRAFT instances' proposers (vllm_proposer.DiscoDraftProposer)
+        self._proposers: dict[SpecConfig, Any] = {}
 
     # --- the vLLM instances -------------------------------------------------------------------
 
     def llm(self, spec: SpecConfig, max_num_seqs: int = DEFAULT_VLLM_MAX_SEQS):
         """The vLLM instance for `spec` (built once: a target load takes ~15 s here; max_num_seqs: the most
         requests it runs at once, as first asked), warmed up by one short untimed request."""
-        key = (spec.method, spec.k, spec.model, spec.schedule)
-        if key not in self._llms:
+        if spec not in self._llms:
             vllm = vllm_module()
             _check_no_launch_group()
             _in_process()
@@ -160,7 +160,7 @@ class VllmTarget:
                 # ragged drafts need synchronous scheduling
                 vllm_proposer.arm(vllm_proposer.Settings(PolicySpec("target"), keep_stats=True))
             try:
-                self._llms[key] = vllm.LLM(
+                self._llms[spec] = vllm.LLM(
                     model=str(self.folder),
                     tokenizer=str(self.folder),
                     dtype=self.dtype,
@@ -179,19 +179,19 @@ class VllmTarget:
             finally:
                 vllm_proposer.arm(None)
             if disco_draft:
-                self._proposers[key] = vllm_proposer.PROPOSERS[-1]
+                self._proposers[spec] = vllm_proposer.PROPOSERS[-1]
             from vllm import SamplingParams
             from vllm.inputs import TokensPrompt
 
             # the first requests of an instance run slower (allocator, first kernels): not in any timing
             warm = [TokensPrompt(prompt_token_ids=[1 + i, 2, 3, 4]) for i in range(max_num_seqs)]
-            self._llms[key].generate(warm, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
-        return self._llms[key]
+            self._llms[spec].generate(warm, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+        return self._llms[spec]
 
     def proposer(self, spec: SpecConfig, max_num_seqs: int = DEFAULT_VLLM_MAX_SEQS):
         """The proposer of the DISCO_DRAFT instance for `spec` (built on first use)."""
         self.llm(spec, max_num_seqs)
-        return self._proposers[(spec.method, spec.k, spec.model, spec.schedule)]
+        return self._proposers[spec]
 
     def set_lengths(self, spec: SpecConfig, schedule: Schedule | None) -> None:
         """The draft length by batch size for the next requests of `spec`'s instance: vLLM's scheduler's Dynamic SD
