@@ -33,6 +33,7 @@ from disco.cpu import draft_threads
 from disco.defaults import (
     DEFAULT_CACHE,
     DEFAULT_DRAFT_QUANT,
+    DEFAULT_VLLM_FIXED_K,
     DEFAULT_VLLM_KV_GIB,
     DEFAULT_VLLM_MAX_SEQS,
     VLLM_MAX_MODEL_LEN,
@@ -300,7 +301,7 @@ class VllmTarget:
         if self.draft_folder is None:
             return rows  # vLLM's draft_model needs a transformers folder (it loads no GGUF on CPUs)
         draft, shared = str(self.draft_folder), self.shared_draft(settings, max_window)
-        for k, tag in settings.get("fixed_k", [(3, "")]):
+        for k, tag in _fixed_lengths(settings):
             label = f"vllm draft k={k}{tag}"
             rows.append(
                 ServingRow(label, shared, lengths=((1, 1, k),))
@@ -328,8 +329,13 @@ class VllmTarget:
 
         if self.draft_folder is None or not current_platform.is_cpu():
             return None
-        lengths = [k for k, _ in settings.get("fixed_k", [])] + [k for _, _, k in settings.get("schedule") or ()]
+        lengths = [k for k, _ in _fixed_lengths(settings)] + [k for _, _, k in settings.get("schedule") or ()]
         return SpecConfig(DISCO_DRAFT, max([max_window, *lengths]), str(self.draft_folder))
+
+
+def _fixed_lengths(settings: dict) -> list[tuple[int, str]]:
+    """vLLM's own fixed-length rows a compare asks for: (k, label tag) each; DEFAULT_VLLM_FIXED_K unless given."""
+    return settings.get("fixed_k", [(DEFAULT_VLLM_FIXED_K, "")])
 
 
 @dataclass
