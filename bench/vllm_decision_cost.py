@@ -1,7 +1,8 @@
 """What disco's decision costs on vLLM's own batched draft (bench/RESULTS.md, "Serving at scale"): the embedded pair
 in vLLM in-process (bf16), disco's proposer on vLLM's draft with each policy, test prompts submitted in groups of
 B = 1, 4, 8; per draft position, the policy's time for the whole batch (features, model, rule) against vLLM's
-batched draft forward (the rest of the draft loop). Rerun: python bench/vllm_decision_cost.py [N_PROMPTS [TOKENS]]"""
+batched draft forward (the rest of the draft loop). Rerun: python bench/vllm_decision_cost.py [N_PROMPTS [TOKENS
+[POLICIES]]] (POLICIES: comma-separated words of the labels below, e.g. "pooled,threshold"; default all)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from disco.policy_registry import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
 from disco.tree_tensors import TreeTensors  # noqa: E402
 
+# the Xeon's, wherever it runs: the decision's work per position is the same, and a profile that makes the rule
+# decline (another machine's) would leave few positions to time
 PROFILE = "bench/vllm/serve/profile-draft.json"
 CLASSIFIER = "models/embedded-qwen2.5-coder-vllm"
 POLICIES = {
@@ -45,7 +48,7 @@ def on_device_trees(proposer) -> None:
     proposer.policy.predict = lambda x: artifact.calibration(trees(x))
 
 
-def main(n_prompts: int = 8, tokens: int = 64) -> None:
+def main(n_prompts: int = 8, tokens: int = 64, which: str = "") -> None:
     pair = load_pair(PairOptions(engine="vllm"))
     target = pair.target_engine
     spec = SpecConfig(DISCO_DRAFT, 8, str(target.draft_folder))
@@ -56,7 +59,10 @@ def main(n_prompts: int = 8, tokens: int = 64) -> None:
         "| policy | requests at once | draft positions | policy ms / position | draft forward ms / position | share |"
     )
     print("|---|---|---|---|---|---|")
+    words = [w for w in which.split(",") if w]
     for label, policy in POLICIES.items():
+        if words and not any(w in label for w in words):
+            continue
         for b in (1, 4, 8):
             proposer.set_policy(policy, read_load_profile(PROFILE) if label in LOADED else None)
             if label in TREES:
@@ -69,4 +75,5 @@ def main(n_prompts: int = 8, tokens: int = 64) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:]))
+    args = sys.argv[1:]
+    main(*(int(a) for a in args[:2]), *args[2:3])

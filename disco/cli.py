@@ -160,8 +160,10 @@ def compare(
         help="vLLM: a row of its Dynamic SD with this schedule, one draft length per batch size in vLLM's own "
         "format (num_speculative_tokens_per_batch_size), e.g. '[[1,3,3],[4,256,2]]': [first, last batch size, k].",
     ),
-    load_profile: Optional[Path] = typer.Option(
-        None, help="vLLM: a load profile (disco profile --engine vllm): the cost rules decide per batch."
+    load_profile: Optional[list[Path]] = typer.Option(
+        None,
+        help="vLLM: a load profile (disco profile --engine vllm): the cost rules decide per batch. Repeat it for "
+        "one per machine: the one measured on this machine is used.",
     ),
     proposers: str = typer.Option(
         ",".join(DEFAULT_VLLM_PROPOSERS),

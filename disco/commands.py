@@ -100,7 +100,7 @@ def compare(
     concurrency: str,
     fixed_k: str,
     dynamic_schedule: Optional[str],
-    load_profile: Optional[Path],
+    load_profile: Optional[list[Path]],
     proposers: str,
     options: PairOptions,
 ) -> None:
@@ -116,6 +116,7 @@ def compare(
     check_seeds(seeds, config.temperature)
     select_entries([], policies)  # a mistyped name fails before the models load
     items = load_prompt_sources(prompts, limit)
+    load = read_load_profile(load_profile) if load_profile else None  # (a missing file fails before the pair loads)
     tuned: dict = {}
     classifiers = classifier or []
     first = classifiers[0] if classifiers else None
@@ -146,7 +147,6 @@ def compare(
     )
     entries = select_entries(entries, policies)
     levels, lengths = _int_list(concurrency, "--concurrency"), _int_list(fixed_k, "--fixed-k")
-    load = read_load_profile(load_profile) if load_profile is not None else None
     settings = {"fixed_k": [(k, "") for k in lengths], "proposers": chosen, "schedule": schedule}  # vLLM's rows
     result = run_compare(
         pair, items, entries, config, out, chat, seeds=seeds, concurrency=levels, settings=settings, load=load

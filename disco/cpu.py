@@ -36,6 +36,7 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ from torch import nn
 
 from disco.cost import CostModel
 from disco.defaults import CPU_BACKENDS, DEFAULT_CPU_BACKEND
-from disco.engines.llamacpp_cpu import cpu_name
+from disco.engines.llamacpp_cpu import cpu_flags, cpu_name
 from disco.errors import DiscoError
 
 FLOAT32_EXACT = ("eager", "transposed", "onednn")  # same math as eager up to float rounding
@@ -296,16 +297,22 @@ def draft_threads(threads: int | None) -> int:
 
 # What names a machine in a record of costs measured on it. The usable cores are recorded but not compared:
 # under `vllm serve` the proposer runs in a worker bound to fewer cores than `disco profile` had, on the
-# same machine.
-MACHINE_KEYS = ("cpu", "cores", "memory_gib")
+# same machine. The vector extensions, because a VM's CPU name may be as bare as "AMD EPYC", and vLLM's bf16
+# step over 8 tokens costs 1.21 s with AVX2 alone against 0.18 s with AVX-512 BF16 (bench/RESULTS.md, "Fifth
+# session"); a record without a key (made before it was recorded) is compared on the keys it has.
+MACHINE_KEYS = ("cpu", "isa", "cores", "memory_gib")
+# the CPU features that decide what a bf16/float32 matmul costs (in /proc/cpuinfo's spelling)
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
 
 
 def this_machine() -> dict:
-    """What identifies this machine in a measurement (a load profile): the CPU's model name, its logical
-    cores, the cores this process may use, and the memory in whole GiB."""
+    """What identifies this machine in a measurement (a load profile): the CPU's model name and vector
+    extensions (ISA_FLAGS), its logical cores, the cores this process may use, and the memory in whole GiB."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    flags = cpu_flags()
     return {
         "cpu": cpu_name(),
+        "isa": " ".join(f for f in ISA_FLAGS if f in flags),
         "cores": os.cpu_count(),
         "usable_cores": usable_cores(),
         "memory_gib": round(memory / 2**30),
@@ -313,10 +320,11 @@ def this_machine() -> dict:
 
 
 def machine_text(machine: dict) -> str:
-    """A machine of this_machine() in a few words: "CPU, 2 cores (1 usable), 8 GiB"."""
+    """A machine of this_machine() in a few words: "CPU (avx2 avx512f), 2 cores (1 usable), 8 GiB"."""
+    isa = f" ({machine['isa']})" if machine.get("isa") else ""
     return (
-        f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores ({machine.get('usable_cores', '?')} usable), "
-        f"{machine.get('memory_gib', '?')} GiB"
+        f"{machine.get('cpu', '?')}{isa}, {machine.get('cores', '?')} cores ({machine.get('usable_cores', '?')} "
+        f"usable), {machine.get('memory_gib', '?')} GiB"
     )
 
 
@@ -328,7 +336,7 @@ def profile_machine_warning(profile: dict, source: str) -> str | None:
     if not isinstance(recorded, dict):
         return f"the load profile {source} does not say which machine it was measured on: if not this one, {fix}"
     here = this_machine()
-    if all(recorded.get(k) == here.get(k) for k in MACHINE_KEYS):
+    if all(recorded[k] == here.get(k) for k in MACHINE_KEYS if k in recorded):
         return None
     return (
         f"the load profile {source} was measured on {machine_text(recorded)}; this machine is "
@@ -336,11 +344,20 @@ def profile_machine_warning(profile: dict, source: str) -> str | None:
     )
 
 
-def read_load_profile(path: str | Path) -> CostModel:
-    """A load profile (`disco profile --engine vllm`) for the cost rules, with one line on stderr when it was
-    measured on another machine, or does not say where: its step costs are that machine's."""
-    cost = CostModel.load(path)
-    said = profile_machine_warning(json.loads(Path(path).read_text()), str(path))
-    if said:
-        print(f"disco: {said}", file=sys.stderr, flush=True)
-    return cost
+def read_load_profile(paths: str | Path | Sequence[str | Path]) -> CostModel:
+    """A load profile (`disco profile --engine vllm`) for the cost rules. Given several (one per machine, e.g.
+    shipped for each CPU the deployment runs on), the one measured on this machine; when none was, the first,
+    with one line on stderr: its step costs are another machine's."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not paths:
+        raise DiscoError("no load profile given: name one made by `disco profile --engine vllm`")
+    # every file checked (CostModel.load: one line on a missing or malformed one), not only the one chosen
+    profiles = [(CostModel.load(p), json.loads(Path(p).read_text())) for p in paths]
+    for (cost, data), path in zip(profiles, paths):
+        if profile_machine_warning(data, str(path)) is None:
+            return cost
+    said = profile_machine_warning(profiles[0][1], str(paths[0]))
+    if len(paths) > 1:
+        said = f"none of the {len(paths)} load profiles was measured on this machine; using the first: {said}"
+    print(f"disco: {said}", file=sys.stderr, flush=True)
+    return profiles[0][0]

@@ -170,7 +170,52 @@ def token_features(
     )[0]
 
 
-_CPU_BLOCK = 1 << 18  # values per block of rows for batch_token_features on a CPU (1 MB of float32)
+_CPU_BLOCK = 1 << 18  # values per block of rows on a CPU (1 MB of float32)
+
+# The draft distribution's features of each row: its top-TOP_K probabilities (B, TOP_K), entropy (B,) and the
+# probability of the drafted token (B,), float32
+Distribution = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _row_blocks(x: torch.Tensor, tokens: torch.Tensor) -> zip:
+    """(block of x's rows, their tokens (rows, 1)) pairs: on a CPU, (B, V) temporaries spill the caches (the
+    entropy of 32 rows of a 150k vocabulary at once took 10x as long as row by row), so blocks of rows there;
+    all at once elsewhere."""
+    rows = max(1, _CPU_BLOCK // max(1, x.shape[1])) if x.device.type == "cpu" else max(1, x.shape[0])
+    return zip(x.split(rows), tokens.to(device=x.device, dtype=torch.long).view(-1, 1).split(rows))
+
+
+def _joined(parts: list[Distribution]) -> Distribution:
+    if len(parts) == 1:
+        return parts[0]
+    top, ent, chosen = zip(*parts)
+    return torch.cat(top), torch.cat(ent), torch.cat(chosen)
+
+
+def batch_distribution(probs: torch.Tensor, tokens: torch.Tensor) -> Distribution:
+    """The features of each row's distribution, from its probabilities (B, V): the definition."""
+    parts = []
+    for block, toks in _row_blocks(probs, tokens):
+        block = block.float()
+        parts.append((batch_top_probs(block), entropy(block), block.gather(1, toks)[:, 0]))
+    return _joined(parts)
+
+
+def batch_logit_distribution(logits: torch.Tensor, tokens: torch.Tensor) -> Distribution:
+    """batch_distribution of softmax(logits), computed from the logits without the (B, V) probabilities:
+    with x = l − max and e = exp(x), Z = Σe, p = e / Z and the entropy −Σ p·log p = log Z − Σ e·x / Z. That
+    spares the log of every probability, the dividing and a (B, V) temporary: the dearest passes of a
+    decision on vLLM's draft (bench/RESULTS.md, "The decision's cost"). Equal to batch_distribution within
+    float32 rounding (tests/test_batch_features.py)."""
+    parts = []
+    for block, toks in _row_blocks(logits, tokens):
+        x = block.to(torch.float32, copy=True)  # (shifted in place: the caller's logits stay as they are)
+        x.sub_(x.amax(1, keepdim=True))
+        e = x.exp()
+        z = e.sum(1)
+        ent = z.log() - torch.linalg.vecdot(e, x) / z
+        parts.append((batch_top_probs(e) / z[:, None], ent, e.gather(1, toks)[:, 0] / z))
+    return _joined(parts)
 
 
 def batch_token_features(
@@ -184,28 +229,26 @@ def batch_token_features(
     """(B, len(TOKEN_FEATURES)) float32 on probs' device: row b is the features of drafted token
     tokens[b], chosen from probs[b] (B, V) at generated position gen_pos[b] (B,), after the text
     context[b, :lengths[b]] (context (B, L) right-padded, as batch_copy_flags takes it)."""
-    device = probs.device
+    tokens = tokens.to(device=probs.device, dtype=torch.long)
+    return assemble_token_features(batch_distribution(probs, tokens), tokens, gen_pos, context, lengths, token_classes)
+
+
+def assemble_token_features(
+    dist: Distribution,
+    tokens: torch.Tensor,
+    gen_pos: torch.Tensor,
+    context: torch.Tensor,
+    lengths: torch.Tensor,
+    token_classes: torch.Tensor,
+) -> torch.Tensor:
+    """batch_token_features from the distribution's features (batch_distribution, or
+    batch_logit_distribution where the caller has the logits)."""
+    top, ent, chosen = dist
+    device = top.device
     tokens = tokens.to(device=device, dtype=torch.long)
-    # the distribution's features over blocks of rows: on a CPU, (B, V) temporaries spill the caches
-    # (the entropy of 32 rows of a 150k vocabulary at once took 10x as long as row by row); at once elsewhere
-    rows = max(1, _CPU_BLOCK // max(1, probs.shape[1])) if device.type == "cpu" else max(1, probs.shape[0])
-    tops, ents = [], []
-    for block in probs.split(rows):
-        block = block.float()
-        tops.append(batch_top_probs(block))
-        ents.append(entropy(block))
-    top, ent = (tops[0], ents[0]) if len(tops) == 1 else (torch.cat(tops), torch.cat(ents))
     klass = torch.nn.functional.one_hot(token_classes[tokens.to(token_classes.device)], len(TOKEN_CLASSES))
     klass = klass.float().to(device)
-    scalars = torch.stack(
-        [
-            ent,
-            top[:, 0] - top[:, 1],
-            probs.gather(1, tokens.view(-1, 1))[:, 0].float(),  # p_chosen
-            gen_pos.to(device=device, dtype=torch.float32),
-        ],
-        1,
-    )
+    scalars = torch.stack([ent, top[:, 0] - top[:, 1], chosen, gen_pos.to(device=device, dtype=torch.float32)], 1)
     return torch.cat([top, scalars, batch_copy_flags(context, lengths, tokens).to(device), klass], 1)
 
 

@@ -112,7 +112,8 @@ class PolicyKind:
     settings: tuple[str, ...] = ()  # the PolicySpec knobs it reads, checked when a spec names it
     # its form for a whole batch on vLLM's own draft (batch_policy.py); None: not available there
     batched: Callable[[PolicySpec, BatchContext], BatchPolicy] | None = None
-    batched_when: Callable[[PolicySpec], bool] = lambda spec: True  # the knobs the batched form takes
+    # the knobs the batched form takes (PolicySpec.runs_batched: compare skips the row, the proposer refuses)
+    batched_when: Callable[[PolicySpec], bool] = lambda spec: True
 
 
 @dataclass(frozen=True)
@@ -140,12 +141,6 @@ def _classifier(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
     return ClassifierPolicy.for_pair(
         spec.classifier, ctx.pair, spec.classifier_setting, spec.trust_pickle, spec.classifier_rule, ctx.sampling
     )
-
-
-def _batched_threshold(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
-    if spec.adaptive:
-        raise DiscoError("the adaptive threshold has no batched form on vLLM's draft: use a fixed threshold")
-    return BatchThreshold(spec.threshold)
 
 
 def _batched_classifier(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
@@ -177,7 +172,7 @@ POLICIES: dict[str, PolicyKind] = {
     "threshold": PolicyKind(
         lambda spec, ctx: ThresholdPolicy(spec.threshold, adaptive=spec.adaptive),
         settings=("threshold",),
-        batched=_batched_threshold,
+        batched=lambda spec, ctx: BatchThreshold(spec.threshold),
         batched_when=lambda spec: not spec.adaptive,  # transformers' ROC update is one sequence's
     ),
     "adaedl": PolicyKind(

@@ -4,8 +4,8 @@ vLLM's `draft_model` method drafts every running request in one batched forward 
 vLLM (its model runner, paged KV cache, device, tensor parallelism), and verifies k tokens per request.
 `DiscoDraftProposer` is that proposer (a subclass of vLLM's `DraftModelProposer`) with one change: after each
 draft position it computes the features of every request from the draft's logits as one (B, F) tensor on the
-draft's device (features.batch_token_features), asks the policy about the whole batch in one call
-(batch_policy.py), masks the requests that stopped, ends the loop when none drafts on, and hands vLLM each
+draft's device (features.batch_logit_distribution, assemble_token_features), asks the policy about the whole
+batch in one call (batch_policy.py), masks the requests that stopped, ends the loop when none drafts on, and hands vLLM each
 request's own number of draft tokens. Per-request state is keyed by vLLM's request id and freed when vLLM
 drops the request.
 
@@ -40,11 +40,11 @@ from disco.cost import CostModel, load_view
 from disco.cpu import read_load_profile
 from disco.embedded import pair_name
 from disco.errors import DiscoError, said_in_one_line
-from disco.features import batch_token_features, token_class_table
+from disco.features import assemble_token_features, batch_logit_distribution, token_class_table
 from disco.hub import load_tokenizer, tokenizer_hash
 from disco.policy_registry import BatchContext, PolicySpec
 
-ENV = "DISCO_VLLM_POLICY"  # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "profile": PATH, ...}
+ENV = "DISCO_VLLM_POLICY"  # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "profile": PATH or [PATH, ...]}
 SUPPORTED_VLLM = ("0.32",)  # the vLLM releases whose draft loop this proposer was read and tested against
 
 
@@ -238,10 +238,11 @@ class _DiscoDraft:
         self.decide_s, self.forward_s, self.n_positions = 0.0, 0.0, 0
         if spec is None:
             return
-        if spec.kind.batched is None:
+        if not spec.runs_batched:
+            knobs = " with these settings" if spec.kind.batched is not None else ""  # (the adaptive threshold)
             raise DiscoError(
-                f"the {spec.name} policy has no batched form on vLLM's draft: use target, constant, threshold or "
-                "classifier there (or the side-engine proposer, disco.serving.DiscoProposer)"
+                f"the {spec.name} policy{knobs} has no batched form on vLLM's draft: use target, constant, a fixed "
+                "threshold or classifier there (or the side-engine proposer, disco.serving.DiscoProposer)"
             )
         self.spec, self.load = spec, load
         # decide_s: in the policy (features, model, rule); forward_s: in vLLM's draft loop besides the policy
@@ -252,6 +253,24 @@ class _DiscoDraft:
         if self.policy.reads_features and self._classes is None:
             vocab = self.vllm_config.speculative_config.draft_model_config.get_vocab_size()
             self._classes = token_class_table(self._tok, vocab).to(self.device)  # a few seconds for 150k tokens
+        self.never_drafts = self._never_drafts()
+
+    def _never_drafts(self) -> bool:
+        """Whether the policy lets no fresh request draft at any batch size this instance may run (the target
+        policy; a cost rule under which even a perfectly accepted window never pays, as the load profile of an
+        AVX2-only CPU says): then no request ever drafts, and propose() skips vLLM's draft loop altogether,
+        its catch-up pass too, whose only use is a draft KV cache no one will read. A fresh request is the
+        best case the batched policies see (the cost rules ask about perfect acceptance before a window;
+        cost-adaptive's forecast starts at 1)."""
+        k_most = int(self.vllm_config.speculative_config.num_speculative_tokens)
+        most = int(self.vllm_config.scheduler_config.max_num_seqs)
+        if self.load is not None:  # the batch sizes its profile covers (at_load refuses larger ones)
+            most = min(most, len(self.load.c_step) // 2)
+        for b in range(1, most + 1):
+            batch = Batch([RequestState() for _ in range(b)], load_view(self.load, b, k_most), self._position_cost(b))
+            if bool(self.policy.drafts(batch).any()):
+                return False
+        return True
 
     def _pair_record(self) -> dict:
         """What the artifact check compares (Pair.describe()'s fields): the models (the embedded pair's files
@@ -286,7 +305,8 @@ class _DiscoDraft:
         step = self._step
         k = num_speculative_tokens if bool(step.live.any()) else 0  # 0: vLLM only keeps the draft's KV in sync
         try:
-            super().propose(k, *args, **kwargs)  # type: ignore[misc]
+            if k or not self.never_drafts:  # (no request will ever draft: the draft's KV is never read)
+                super().propose(k, *args, **kwargs)  # type: ignore[misc]
         except _AllStopped:
             pass
         finally:
@@ -339,7 +359,7 @@ class _DiscoDraft:
         batch = Batch(states, load_view(self.load, n, k_most), self._position_cost(n))
         live = self.policy.drafts(batch).to(self.device)
         context = lengths = gen0 = None
-        if self.policy.reads_features:
+        if self.policy.reads_features and bool(live.any()):  # (no request drafting: no features to compute)
             context, lengths, gen0 = self._contexts(ids, tails, k_max)
         self.policy.start(batch, self.device)
         return _Step(self, states, live, k_max, context, lengths, gen0)
@@ -385,16 +405,18 @@ class _Step:
         t0 = time.perf_counter()
         self.pos += 1
         self.tokens.append(tokens)
-        probs = logits.float().softmax(-1)
-        p_chosen = probs.gather(1, tokens[:, None])[:, 0]
         feats = None
         if self.context is not None:
             assert self.lengths is not None and self.gen0 is not None
-            classes = self.proposer._classes
-            feats = batch_token_features(probs, tokens, self.gen0 + self.pos - 1, self.context, self.lengths, classes)
+            dist = batch_logit_distribution(logits, tokens)  # (no (B, V) probabilities: features.py says why)
+            p_chosen = dist[2]
+            gen = self.gen0 + self.pos - 1
+            feats = assemble_token_features(dist, tokens, gen, self.context, self.lengths, self.proposer._classes)
             rows = torch.arange(len(tokens), device=tokens.device)
             self.context[rows, self.lengths] = tokens  # the next position's context
             self.lengths = self.lengths + 1
+        else:  # the threshold's p_chosen alone: exp(l_token − logsumexp(l))
+            p_chosen = (logits.gather(1, tokens[:, None])[:, 0].float() - logits.float().logsumexp(-1)).exp()
         stop = self.proposer.policy.stops(self.pos, feats, p_chosen, self.live)
         self.drafted = torch.where(self.live, self.pos, self.drafted)
         self.live = self.live & ~stop

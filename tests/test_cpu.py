@@ -18,6 +18,7 @@ from disco.cpu import (
     cpu_backend_of,
     draft_threads,
     linear_weight_bytes,
+    machine_text,
     profile_machine_warning,
     read_load_profile,
     this_machine,
@@ -277,9 +278,14 @@ def test_a_load_profile_says_when_it_was_measured_elsewhere(tmp_path, capsys):
     assert profile_machine_warning({**profile, "machine": here}, "p.json") is None
     worker = {**here, "usable_cores": 1}  # the proposer's worker under `vllm serve`: the same machine
     assert profile_machine_warning({**profile, "machine": worker}, "p.json") is None
+    before_isa = {k: v for k, v in here.items() if k != "isa"}  # recorded before the vector extensions were
+    assert profile_machine_warning({**profile, "machine": before_isa}, "p.json") is None
+    generation = {**here, "isa": "avx2 avx512f avx512_bf16" if here["isa"] != "avx2 avx512f avx512_bf16" else "avx2"}
+    said = profile_machine_warning({**profile, "machine": generation}, "p.json")  # the same name, another ISA
+    assert said is not None and f"({generation['isa']})" in said
     other = {**here, "cpu": "Some Other CPU", "cores": 64}
     said = profile_machine_warning({**profile, "machine": other}, "p.json")
-    assert said is not None and "p.json was measured on Some Other CPU, 64 cores" in said
+    assert said is not None and f"p.json was measured on {machine_text(other)};" in said and "Some Other CPU" in said
     assert "re-run `disco profile --engine vllm`" in said
     old = profile_machine_warning(profile, "bench/vllm/profile.json")
     assert old is not None and "does not say which machine" in old
@@ -288,3 +294,22 @@ def test_a_load_profile_says_when_it_was_measured_elsewhere(tmp_path, capsys):
     assert read_load_profile(path).c_step == (1.0, 1.1, 1.2)
     err = capsys.readouterr().err
     assert err.startswith("disco: the load profile") and err.count("\n") == 1
+
+
+def test_of_several_load_profiles_the_one_measured_here_is_used(tmp_path, capsys):
+    """One profile per machine (--load-profile repeated, or a list in the proposer's settings): this machine's is
+    chosen wherever it is in the list, silently; with none from here, the first, with one line saying so."""
+    here, other = this_machine(), {**this_machine(), "cpu": "Some Other CPU"}
+    paths = []
+    for name, machine, c_d in (("xeon", other, 0.5), ("here", here, 0.25)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"c_d": c_d, "c_t": [1.0, 1.1], "c_step": [1.0, 1.1], "machine": machine}))
+    assert read_load_profile(paths).c_d == 0.25
+    assert read_load_profile([str(p) for p in reversed(paths)]).c_d == 0.25
+    assert capsys.readouterr().err == ""
+    assert read_load_profile([paths[0], paths[0]]).c_d == 0.5
+    err = capsys.readouterr().err
+    assert err.startswith("disco: none of the 2 load profiles was measured on this machine; using the first")
+    assert err.count("\n") == 1
+    with pytest.raises(DiscoError, match="profile not found: .*missing.json"):  # every file checked
+        read_load_profile([paths[1], tmp_path / "missing.json"])

@@ -419,6 +419,28 @@ def test_the_shared_draft_instance_runs_each_rows_lengths(pair):
         target.set_lengths(shared, None)
 
 
+def test_every_run_pays_its_prefill(pair, monkeypatch):
+    """compare runs the same prompts row after row on one instance: each run starts with vLLM's prefix cache
+    empty, so no row gets an earlier row's prefill for free (vLLM caches whole blocks: a prompt of several)."""
+    target, spec = pair.target_engine, SpecConfig()
+    prompt = pair.encode("def add(a, b):\n    return a + b\n" * 40, False)
+    llm = target.llm(spec)
+    cached: list[int | None] = []
+    generate = llm.generate
+
+    def recorded(*args, **kwargs):
+        outs = generate(*args, **kwargs)
+        cached.extend(o.num_cached_tokens for o in outs)
+        return outs
+
+    monkeypatch.setattr(llm, "generate", recorded)
+    target.generate_requests(spec, [prompt], 4, pair.eos_token_ids, 1)
+    recorded([{"prompt_token_ids": prompt}], use_tqdm=False)  # again, without the reset: served from the cache
+    target.generate_requests(spec, [prompt], 4, pair.eos_token_ids, 1)
+    assert cached[1] > 0, "vLLM's prefix cache is on here (else this test shows nothing)"
+    assert cached[0] == cached[2] == 0
+
+
 def test_serving_rows_by_proposer(pair):
     """--proposers picks disco's proposers; a policy without a batched form with its knobs (the adaptive
     threshold) runs on the side engine only."""

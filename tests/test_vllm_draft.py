@@ -196,15 +196,38 @@ def test_each_request_gets_its_own_window(pair, ids, spec, reference):
         _consistent(stats, out)
 
 
-def test_a_policy_that_never_drafts_is_target_only(pair, ids, spec, reference):
+def _draft_forwards(proposer) -> list[int]:
+    """A counter of the draft model's forwards in vLLM (its catch-up pass included)."""
+    calls = [0]
+    proposer.model.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_a_policy_that_never_drafts_is_target_only(pair, ids, spec, reference, tmp_path):
+    """The target policy, and a cost rule under a load profile where no window pays even when every draft token
+    is accepted (a compute-bound CPU: a step costs ~ its tokens), never draft: target-only counts, and vLLM's
+    draft never runs, not even its catch-up pass (a threshold policy, which drafts, runs it)."""
     proposer = pair.target_engine.proposer(spec)
-    proposer.set_policy(PolicySpec("target"))
-    outs, rids = _budgets(pair, spec, ids)
-    assert outs == reference
-    for out, rid, prompt in zip(outs, rids, ids):
-        stats = proposer.stats_for(prompt, rid)
-        assert stats.drafted == 0 and stats.draft_forwards == 0 and stats.windows == []
-        assert stats.target_forwards == len(out) - 1  # one target step per token after the prefill's
+    calls = _draft_forwards(proposer)
+    compute_bound = CostModel(0.75, (1.0, 1.8), "stub", tuple(0.9 * t for t in range(1, 80)), (0.75, 1.3, 1.9, 2.5))
+    artifact = _logistic_artifact(tmp_path / "clf", pair, "cost", 1.0)
+    for policy, load in (
+        (PolicySpec("target"), None),
+        (PolicySpec("classifier", classifier=str(artifact)), compute_bound),
+    ):
+        proposer.set_policy(policy, load)
+        assert proposer.never_drafts
+        outs, rids = _budgets(pair, spec, ids)
+        assert outs == reference
+        for out, rid, prompt in zip(outs, rids, ids):
+            stats = proposer.stats_for(prompt, rid)
+            assert stats.drafted == 0 and stats.draft_forwards == 0 and stats.windows == []
+            assert stats.target_forwards == len(out) - 1  # one target step per token after the prefill's
+        assert calls[0] == 0
+    proposer.set_policy(PolicySpec("threshold", threshold=0.4))
+    assert not proposer.never_drafts
+    _budgets(pair, spec, ids)
+    assert calls[0] > 0
 
 
 def test_same_prompt_sampled_and_a_second_turn_keep_their_own_state(pair, ids, spec):
@@ -319,6 +342,8 @@ def test_policy_without_a_batched_form(pair, spec):
     proposer = pair.target_engine.proposer(spec)
     with pytest.raises(DiscoError, match="heuristic policy has no batched form"):
         proposer.set_policy(PolicySpec("heuristic"))
+    with pytest.raises(DiscoError, match="threshold policy with these settings has no batched form"):
+        proposer.set_policy(PolicySpec("threshold", threshold=0.5, adaptive=True))  # transformers' ROC update
     proposer.set_policy(PolicySpec("target"))
 
 

@@ -230,6 +230,10 @@ class VllmTarget:
 
         llm = self.llm(spec, max(concurrency, DEFAULT_VLLM_MAX_SEQS))
         params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=sorted(eos))
+        # every run pays its prompts' prefill, as in a fresh server: compare runs the same prompts row after row
+        # on one instance, and a prompt cached by an earlier row would make a later one look cheap (prefill
+        # costs about a decode step per token on an AVX2-only CPU: bench/RESULTS.md, "Fifth session")
+        llm.reset_prefix_cache()
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         wall = time.perf_counter() - t0
@@ -292,31 +296,31 @@ class VllmTarget:
     def batched_draft(self, seqs: int) -> None:
         return None  # a target, never a side-engine draft
 
-    def serving_rows(self, settings: dict, max_window: int) -> list[ServingRow]:
+    def serving_rows(self, settings: dict, shared: SpecConfig | None) -> list[ServingRow]:
         """vLLM's own rows: target-only (the reference), its draft-model decoding at each fixed length in
         settings["fixed_k"] (3 and the tuned one) and its Dynamic SD at settings["schedule"] (one length per
-        batch size, vLLM's num_speculative_tokens_per_batch_size), where given; on disco's draft instance
-        (shared_draft) where it has one."""
+        batch size, vLLM's num_speculative_tokens_per_batch_size), where given; on the draft instance `shared`
+        (shared_draft) where there is one."""
         rows = [ServingRow(TARGET_ONLY_LABEL, SpecConfig())]
         if self.draft_folder is None:
             return rows  # vLLM's draft_model needs a transformers folder (it loads no GGUF on CPUs)
-        draft, shared = str(self.draft_folder), self.shared_draft(settings, max_window)
         for k, tag in _fixed_lengths(settings):
-            label = f"vllm draft k={k}{tag}"
-            rows.append(
-                ServingRow(label, shared, lengths=((1, 1, k),))
-                if shared
-                else ServingRow(label, SpecConfig("draft_model", k, draft))
-            )
-        schedule = settings.get("schedule")
-        if schedule:
-            longest = max(k for _, _, k in schedule)
-            rows.append(
-                ServingRow(DYNAMIC_SD_LABEL, shared, lengths=tuple(schedule))
-                if shared
-                else ServingRow(DYNAMIC_SD_LABEL, SpecConfig("draft_model", longest, draft, tuple(schedule)))
-            )
+            rows.append(self._own_draft_row(f"vllm draft k={k}{tag}", ((1, 1, k),), shared))
+        if settings.get("schedule"):
+            rows.append(self._own_draft_row(DYNAMIC_SD_LABEL, tuple(settings["schedule"]), shared, dynamic=True))
         return rows
+
+    def _own_draft_row(
+        self, label: str, lengths: Schedule, shared: SpecConfig | None, dynamic: bool = False
+    ) -> ServingRow:
+        """A row of vLLM's own draft-model decoding at `lengths` (k by batch size): on the shared instance, or in
+        an instance of its own (its num_speculative_tokens, and the schedule in its config for Dynamic SD)."""
+        if shared is not None:
+            return ServingRow(label, shared, lengths=lengths)
+        longest = max(k for _, _, k in lengths)
+        return ServingRow(
+            label, SpecConfig("draft_model", longest, str(self.draft_folder), lengths if dynamic else None)
+        )
 
     def shared_draft(self, settings: dict, max_window: int) -> SpecConfig | None:
         """The one instance every draft row of a compare runs in (vLLM's own fixed lengths and Dynamic SD, disco's

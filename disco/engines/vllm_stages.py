@@ -143,9 +143,9 @@ def serving_rows(pair: Any, entries: Sequence[Any], max_window: int, settings: d
     POLICY", where the pair has a draft folder and the policy a batched form) and on the side engine ("vllm +
     POLICY"), as settings["proposers"] asks. The oracle needs the target's output in advance and has no vLLM row."""
     target = pair.target_engine
-    rows = target.serving_rows(settings, max_window)
-    side = SpecConfig("custom_class", max_window, PROPOSER)
     shared = target.shared_draft(settings, max_window)
+    rows = target.serving_rows(settings, shared)
+    side = SpecConfig("custom_class", max_window, PROPOSER)
     draft = shared or (SpecConfig(DISCO_DRAFT, max_window, str(target.draft_folder)) if target.draft_folder else None)
     lengths = ((1, 1, max_window),) if shared else None  # the shared instance may draft further for vLLM's rows
     proposers = settings.get("proposers", DEFAULT_VLLM_PROPOSERS)
