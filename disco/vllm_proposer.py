@@ -5,9 +5,9 @@ vLLM (its model runner, paged KV cache, device, tensor parallelism), and verifie
 `DiscoDraftProposer` is that proposer (a subclass of vLLM's `DraftModelProposer`) with one change: after each
 draft position it computes the features of every request from the draft's logits as one (B, F) tensor on the
 draft's device (features.batch_logit_distribution, assemble_token_features), asks the policy about the whole
-batch in one call (batch_policy.py), masks the requests that stopped, ends the loop when none drafts on, and hands vLLM each
-request's own number of draft tokens. Per-request state is keyed by vLLM's request id and freed when vLLM
-drops the request.
+batch in one call (batch_policy.py), masks the requests that stopped, ends the loop when none drafts on, and
+hands vLLM each request's own number of draft tokens. Per-request state is keyed by vLLM's request id and freed
+when vLLM drops the request.
 
 How it gets in: the runner builds `DraftModelProposer` by its module-global name (gpu_model_runner.py; no
 option takes a subclass), so `install()` rebinds that name to this class. Under `vllm serve` the
