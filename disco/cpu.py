@@ -352,12 +352,13 @@ def read_load_profile(paths: str | Path | Sequence[str | Path]) -> CostModel:
     if not paths:
         raise DiscoError("no load profile given: name one made by `disco profile --engine vllm`")
     # every file checked (CostModel.load: one line on a missing or malformed one), not only the one chosen
-    profiles = [(CostModel.load(p), json.loads(Path(p).read_text())) for p in paths]
-    for (cost, data), path in zip(profiles, paths):
-        if profile_machine_warning(data, str(path)) is None:
+    costs = [CostModel.load(p) for p in paths]
+    said = [profile_machine_warning(json.loads(Path(p).read_text()), str(p)) for p in paths]
+    for cost, warning in zip(costs, said):
+        if warning is None:
             return cost
-    said = profile_machine_warning(profiles[0][1], str(paths[0]))
+    first = said[0]
     if len(paths) > 1:
-        said = f"none of the {len(paths)} load profiles was measured on this machine; using the first: {said}"
-    print(f"disco: {said}", file=sys.stderr, flush=True)
-    return profiles[0][0]
+        first = f"none of the {len(paths)} load profiles was measured on this machine; using the first: {first}"
+    print(f"disco: {first}", file=sys.stderr, flush=True)
+    return costs[0]

@@ -264,8 +264,9 @@ class _DiscoDraft:
         cost-adaptive's forecast starts at 1)."""
         k_most = int(self.vllm_config.speculative_config.num_speculative_tokens)
         most = int(self.vllm_config.scheduler_config.max_num_seqs)
-        if self.load is not None:  # the batch sizes its profile covers (at_load refuses larger ones)
-            most = min(most, len(self.load.c_step) // 2)
+        # the batch sizes its profile covers (at_load refuses larger ones); without one the cost rules decide
+        # with the artifact's cost model, the same at every batch size
+        most = min(most, len(self.load.c_step) // 2) if self.load is not None else 1
         for b in range(1, most + 1):
             batch = Batch([RequestState() for _ in range(b)], load_view(self.load, b, k_most), self._position_cost(b))
             if bool(self.policy.drafts(batch).any()):
@@ -357,9 +358,10 @@ class _DiscoDraft:
             states.append(st)
         k_most = int(self.vllm_config.speculative_config.num_speculative_tokens)
         batch = Batch(states, load_view(self.load, n, k_most), self._position_cost(n))
-        live = self.policy.drafts(batch).to(self.device)
+        drafts = self.policy.drafts(batch)  # (B,) on the host
+        live = drafts.to(self.device)
         context = lengths = gen0 = None
-        if self.policy.reads_features and bool(live.any()):  # (no request drafting: no features to compute)
+        if self.policy.reads_features and bool(drafts.any()):  # (no request drafting: no features to compute)
             context, lengths, gen0 = self._contexts(ids, tails, k_max)
         self.policy.start(batch, self.device)
         return _Step(self, states, live, k_max, context, lengths, gen0)
