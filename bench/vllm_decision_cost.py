@@ -13,7 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 from disco.artifact import load_artifact  # noqa: E402
-from disco.cpu import read_load_profile  # noqa: E402
+from disco.cpu import VLLM_DRAFT, LoadProfiles  # noqa: E402
 from disco.engines.vllm import DISCO_DRAFT, SpecConfig  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
@@ -64,7 +64,7 @@ def main(n_prompts: int = 8, tokens: int = 64, which: str = "") -> None:
         if words and not any(w in label for w in words):
             continue
         for b in (1, 4, 8):
-            proposer.set_policy(policy, read_load_profile(PROFILE) if label in LOADED else None)
+            proposer.set_policy(policy, LoadProfiles(PROFILE).choose(VLLM_DRAFT) if label in LOADED else None)
             if label in TREES:
                 on_device_trees(proposer)
             for start in range(0, len(ids), b):

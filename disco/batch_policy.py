@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from disco.classifier import FORECAST_KEEP, FORECAST_RELAX
-from disco.cost import CostModel
+from disco.cost import CostModel, load_view
 from disco.features import TARGET_SIGNALS, TOKEN_FEATURES
 from disco.stats import GenStats
 
@@ -49,6 +49,12 @@ class Batch:
     # requests still drafting share it, so the last one drafting pays all of it; None: c_d per draft token
     position_cost: float | None = None
 
+    @classmethod
+    def under(cls, states: list[RequestState], load: CostModel | None, max_window: int) -> Batch:
+        """The batch of `states` in a step under a load profile (None: the policies' own cost models)."""
+        n = len(states)
+        return cls(states, load_view(load, n, max_window), load.draft_position(n) if load is not None else None)
+
 
 class BatchPolicy(Protocol):
     name: str
@@ -59,13 +65,26 @@ class BatchPolicy(Protocol):
     def start(self, batch: Batch, device: torch.device) -> None: ...  # a new window for every request
 
     # after draft position `pos` (1-based): (B,) bool, stop after this token. feats: (B, len(TOKEN_FEATURES))
-    # (features.batch_token_features) or None; p_chosen: (B,) the draft's probability of each drafted token;
+    # (features.assemble_token_features) or None; p_chosen: (B,) the draft's probability of each drafted token;
     # live: (B,) the requests that drafted this token (the others' answers are ignored)
     def stops(
         self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor, live: torch.Tensor
     ) -> torch.Tensor: ...
 
     def update(self, state: RequestState, drafted: int, accepted: int) -> None: ...
+
+
+def never_drafts(policy: BatchPolicy, load: CostModel | None, max_batch: int, max_window: int) -> bool:
+    """Whether `policy` lets no fresh request draft at any batch size up to max_batch that `load` covers (the
+    target policy; a cost rule under which even a perfectly accepted window never pays, as the load profile of
+    an AVX2-only CPU says): then no request ever drafts, and vLLM's draft loop need not run at all, its
+    catch-up pass included, whose only use is a draft KV cache no one will read (vllm_proposer.py skips it,
+    simulate.simulate_batched charges none). A fresh request is the best case the batched policies see (the
+    cost rules ask about perfect acceptance before a window; cost-adaptive's forecast starts at 1). Without a
+    load profile the answer is the same at every batch size: one is asked."""
+    most = min(max_batch, len(load.c_step) // 2) if load is not None else 1  # (at_load refuses larger ones)
+    fresh = (Batch.under([RequestState() for _ in range(b)], load, max_window) for b in range(1, most + 1))
+    return not any(bool(policy.drafts(batch).any()) for batch in fresh)
 
 
 class _Fixed:

@@ -106,7 +106,7 @@ def compare(
 ) -> None:
     """`disco compare`: every row on the same prompts; the tables on stdout, compare.json and plots under `out`."""
     from disco.compare import check_seeds, default_entries, report, run_compare, select_entries, written
-    from disco.cpu import read_load_profile
+    from disco.cpu import LoadProfiles
     from disco.pair import apply_pair_file, load_pair
     from disco.prompts import load_prompt_sources
 
@@ -116,7 +116,7 @@ def compare(
     check_seeds(seeds, config.temperature)
     select_entries([], policies)  # a mistyped name fails before the models load
     items = load_prompt_sources(prompts, limit)
-    load = read_load_profile(load_profile) if load_profile else None  # (a missing file fails before the pair loads)
+    load = LoadProfiles(load_profile) if load_profile else None  # (a missing file fails before the pair loads)
     tuned: dict = {}
     classifiers = classifier or []
     first = classifiers[0] if classifiers else None

@@ -26,6 +26,7 @@ from typing import Iterator, Sequence
 import torch
 
 from disco.cost import CostModel
+from disco.cpu import LoadProfiles
 from disco.crash import keep
 from disco.decode import DecodeConfig, GenResult, GenStats, warp
 from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H
@@ -177,14 +178,15 @@ def run_compare(
     seeds: int = 1,
     concurrency: Sequence[int] = (1,),
     settings: dict | None = None,
-    load: CostModel | None = None,
+    load: LoadProfiles | None = None,
 ) -> dict:
     """Run every entry on every prompt (with `seeds` seeds config.seed, config.seed + 1, … when sampling) through
     the pair's runner (runner.runner_for), at each of its `concurrency` levels: the prompts in groups of c decoded
     together (one at a time on disco's loop), target-only first, the other rows' order rotated per group and seed.
     Writes compare.json, table.md and plots into out_dir; a runner with results by level (vLLM) writes them into
     out_dir/c{c}/ and all tables into out_dir/table.md, and returns {"concurrency": {c: result}}.
-    settings: the engine's own rows' settings (vLLM: fixed_k, proposers); load: a vLLM load profile."""
+    settings: the engine's own rows' settings (vLLM: fixed_k, proposers); load: vLLM load profiles (each proposer
+    takes its own)."""
     sampled = config.temperature > 0
     check_seeds(seeds, config.temperature)
     runner = runner_for(pair, load)

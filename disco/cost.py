@@ -46,13 +46,7 @@ class CostModel:
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
         """Read the JSON written by `disco profile`."""
-        path = Path(path)
-        try:
-            return cls.from_dict(json.loads(path.read_text()), str(path))
-        except FileNotFoundError:
-            raise DiscoError(f"profile not found: {path} (make one with: disco profile)") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise DiscoError(f"{path} is not a disco profile (need numbers c_d and a list c_t): {e}") from None
+        return read_profile(path)[1]
 
     @classmethod
     def from_dict(cls, data: dict, source: str) -> CostModel:
@@ -93,8 +87,14 @@ class CostModel:
                 "requests with a draft each: profile with a larger --max-batch"
             )
         c_t = tuple(self.c_step[batch * k - 1] / batch for k in range(1, room + 1))
-        c_d = self.c_draft[min(batch, len(self.c_draft)) - 1] / batch if self.c_draft else self.c_d
+        position = self.draft_position(batch)
+        c_d = position / batch if position is not None else self.c_d
         return CostModel(c_d, c_t, f"{self.source} at {batch} requests", self.c_step, self.c_draft)
+
+    def draft_position(self, batch: int) -> float | None:
+        """One batched draft position for `batch` requests (c_draft; its last entry beyond the sizes profiled),
+        None when each request drafts on its own (c_d)."""
+        return self.c_draft[min(batch, len(self.c_draft)) - 1] if self.c_draft else None
 
     def verify(self, k: int) -> float:
         if k > len(self.c_t):
@@ -116,6 +116,19 @@ class CostModel:
     def baseline(self, stats: GenStats) -> float:
         """Target-only decoding of the same tokens: one c_t(1) per generated token."""
         return stats.new_tokens * self.c_t[0]
+
+
+def read_profile(path: str | Path) -> tuple[dict, CostModel]:
+    """A profile file written by `disco profile`: its JSON (the machine, the proposer it records) and its cost
+    model, one line on a missing or malformed file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        return data, CostModel.from_dict(data, str(path))
+    except FileNotFoundError:
+        raise DiscoError(f"profile not found: {path} (make one with: disco profile)") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DiscoError(f"{path} is not a disco profile (need numbers c_d and a list c_t): {e}") from None
 
 
 def load_view(load: CostModel | None, batch: int, max_window: int) -> CostModel | None:

@@ -27,12 +27,11 @@ Memory: `onednn` and `int8` replace each weight by a repacked copy one layer at 
 drop the original, so at most one extra layer is held while converting.
 
 Also here, what else hangs on this CPU: how many threads an engine may start (`usable_cores`,
-`draft_threads`) and which machine measured costs belong to (`this_machine`, `read_load_profile`).
+`draft_threads`) and which machine measured costs belong to (`this_machine`, `LoadProfiles`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -42,7 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from disco.cost import CostModel
+from disco.cost import CostModel, read_profile
 from disco.defaults import CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.engines.llamacpp_cpu import cpu_flags, cpu_name
 from disco.errors import DiscoError
@@ -344,21 +343,47 @@ def profile_machine_warning(profile: dict, source: str) -> str | None:
     )
 
 
-def read_load_profile(paths: str | Path | Sequence[str | Path]) -> CostModel:
-    """A load profile (`disco profile --engine vllm`) for the cost rules. Given several (one per machine, e.g.
-    shipped for each CPU the deployment runs on), the one measured on this machine; when none was, the first,
-    with one line on stderr: its step costs are another machine's."""
-    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    if not paths:
-        raise DiscoError("no load profile given: name one made by `disco profile --engine vllm`")
-    # every file checked (CostModel.load: one line on a missing or malformed one), not only the one chosen
-    costs = [CostModel.load(p) for p in paths]
-    said = [profile_machine_warning(json.loads(Path(p).read_text()), str(p)) for p in paths]
-    for cost, warning in zip(costs, said):
-        if warning is None:
-            return cost
-    first = said[0]
-    if len(paths) > 1:
-        first = f"none of the {len(paths)} load profiles was measured on this machine; using the first: {first}"
-    print(f"disco: {first}", file=sys.stderr, flush=True)
-    return costs[0]
+VLLM_DRAFT, SIDE_ENGINE = "vllm draft", "side engine"  # the proposers a vLLM load profile is measured with
+
+
+class LoadProfiles:
+    """Load profiles (`disco profile --engine vllm`) for the cost rules, from which each of disco's vLLM proposers
+    takes its own (docs/architecture.md, "Load"): the one measured with that proposer (VLLM_DRAFT, SIDE_ENGINE)
+    on this machine, so one settings file holds on every kind of machine, and for both proposers, it was profiled
+    for. Every file is read and checked once, here (one line on a missing or malformed one). Where none was
+    measured on this machine, the first measured with the proposer, with one line on stderr: its step costs are
+    another machine's. Where none was measured with the proposer, one line too: vLLM's step costs (the target's,
+    whoever drafts) are used, the other proposer's draft costs are not (no c_draft: c_d per draft token)."""
+
+    def __init__(self, paths: str | Path | Sequence[str | Path]) -> None:
+        paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+        if not paths:
+            raise DiscoError("no load profile given: name one made by `disco profile --engine vllm`")
+        self.files = [(str(p), *read_profile(p)) for p in paths]  # (source, its JSON, its cost model)
+        self._chosen: dict[str, CostModel] = {}
+
+    def choose(self, proposer: str) -> CostModel:
+        """`proposer`'s load profile (said once per proposer, however often asked)."""
+        if proposer not in self._chosen:
+            self._chosen[proposer] = self._choose(proposer)
+        return self._chosen[proposer]
+
+    def _choose(self, proposer: str) -> CostModel:
+        own = [f for f in self.files if f[1].get("proposer", proposer) == proposer]  # (older files: any)
+        pool = own or self.files
+        said = [profile_machine_warning(data, source) for source, data, _ in pool]
+        source, data, cost = next((f for f, why in zip(pool, said) if why is None), pool[0])
+        lines = []
+        if said[0] is not None and all(why is not None for why in said):
+            many = f"none of the {len(pool)} load profiles was measured on this machine; using the first: "
+            lines.append((many if len(pool) > 1 else "") + said[0])
+        if not own:
+            lines.append(
+                f"the load profile {source} was measured with the {data['proposer']} proposer, not the {proposer} "
+                f"one: vLLM's step costs are used, its draft costs are not — profile this proposer too "
+                "(`disco profile --engine vllm`) and name both"
+            )
+            cost = CostModel(cost.c_d, cost.c_t, cost.source, cost.c_step)
+        for line in lines:
+            print(f"disco: {line}", file=sys.stderr, flush=True)
+        return cost

@@ -158,11 +158,12 @@ def token_features(
     """(len(TOKEN_FEATURES),) float32 on the draft's device, for one drafted token.
 
     probs: the draft distribution the token was chosen from; context: the tokens before it.
-    One row of batch_token_features (the one definition)."""
+    One row of assemble_token_features(batch_distribution(...)) (the one definition)."""
     device = probs.device
-    return batch_token_features(
-        probs.reshape(1, -1),
-        torch.as_tensor(token, device=device).view(1),
+    tokens = torch.as_tensor(token, device=device).view(1)
+    return assemble_token_features(
+        batch_distribution(probs.reshape(1, -1), tokens),
+        tokens,
         torch.tensor([float(gen_pos)], device=device),
         context.reshape(1, -1),
         torch.full((1,), context.numel(), dtype=torch.long, device=context.device),
@@ -219,21 +220,6 @@ def batch_logit_distribution(logits: torch.Tensor, tokens: torch.Tensor) -> Dist
     return _joined(parts)
 
 
-def batch_token_features(
-    probs: torch.Tensor,
-    tokens: torch.Tensor,
-    gen_pos: torch.Tensor,
-    context: torch.Tensor,
-    lengths: torch.Tensor,
-    token_classes: torch.Tensor,
-) -> torch.Tensor:
-    """(B, len(TOKEN_FEATURES)) float32 on probs' device: row b is the features of drafted token
-    tokens[b], chosen from probs[b] (B, V) at generated position gen_pos[b] (B,), after the text
-    context[b, :lengths[b]] (context (B, L) right-padded, as batch_copy_flags takes it)."""
-    tokens = tokens.to(device=probs.device, dtype=torch.long)
-    return assemble_token_features(batch_distribution(probs, tokens), tokens, gen_pos, context, lengths, token_classes)
-
-
 def assemble_token_features(
     dist: Distribution,
     tokens: torch.Tensor,
@@ -242,8 +228,11 @@ def assemble_token_features(
     lengths: torch.Tensor,
     token_classes: torch.Tensor,
 ) -> torch.Tensor:
-    """batch_token_features from the distribution's features (batch_distribution, or
-    batch_logit_distribution where the caller has the logits)."""
+    """(B, len(TOKEN_FEATURES)) float32 on the distribution's device: row b is the features of drafted token
+    tokens[b], chosen from the distribution whose features are dist's row b (batch_distribution: the
+    definition, from probabilities; batch_logit_distribution where the caller has the logits) at generated
+    position gen_pos[b] (B,), after the text context[b, :lengths[b]] (context (B, L) right-padded, as
+    batch_copy_flags takes it)."""
     top, ent, chosen = dist
     device = top.device
     tokens = tokens.to(device=device, dtype=torch.long)

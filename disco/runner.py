@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from disco.cost import CostModel
+from disco.cpu import LoadProfiles
 from disco.decode import DecodeConfig, GenResult, generate_ids, target_generate
 from disco.engines.base import Anchor, Runner, Variant
 from disco.engines.registry import ENGINE_KINDS
@@ -26,9 +26,10 @@ from disco.profile import profile_pair
 TARGET_LABEL = "target"  # target-only decoding's row: every speedup's reference
 
 
-def runner_for(pair: Pair, load: CostModel | None = None) -> Runner:
-    """The runner of the pair's engine (EngineKind.runner), else disco's loop. load: a vLLM load profile
-    (`disco profile --engine vllm`) the cost rules decide with per batch; disco's loop has no batches."""
+def runner_for(pair: Pair, load: LoadProfiles | None = None) -> Runner:
+    """The runner of the pair's engine (EngineKind.runner), else disco's loop. load: vLLM load profiles
+    (`disco profile --engine vllm`; each proposer takes its own) the cost rules decide with per batch; disco's
+    loop has no batches."""
     own = ENGINE_KINDS[pair.engine_name].runner
     return own(pair, load) if own is not None else LoopRunner(pair)
 

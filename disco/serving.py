@@ -36,7 +36,7 @@ import torch
 
 from disco import vllm_proposer
 from disco.cost import CostModel, load_view
-from disco.cpu import read_load_profile
+from disco.cpu import SIDE_ENGINE, LoadProfiles
 from disco.decode import DecodeConfig, Drafter
 from disco.defaults import SIDE_DRAFT_SEQS
 from disco.engines.base import BatchedDraft
@@ -274,4 +274,4 @@ def _load_shared_from_env() -> None:
         if not (path / "manifest.json").is_file():
             raise DiscoError(f"the proposer's classifier {path} is not an artifact (no manifest.json): check {ENV}")
     SHARED.policy = PolicySpec(**policy)
-    SHARED.load = read_load_profile(settings["profile"]) if settings.get("profile") else None
+    SHARED.load = LoadProfiles(settings["profile"]).choose(SIDE_ENGINE) if settings.get("profile") else None

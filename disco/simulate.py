@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from disco.batch_policy import Batch, BatchPolicy, RequestState
+from disco.batch_policy import Batch, BatchPolicy, RequestState, never_drafts
 from disco.cost import CostModel
 from disco.defaults import DEFAULT_MAX_WINDOW
 from disco.errors import DiscoError
@@ -397,13 +397,16 @@ def simulate_batched(
     and start(), then one batched draft position after another with stops() on every drafting request's
     trace features, until none drafts on or max_window; each request accepts the leading run of its labels
     and commits one more token. Costs (docs/architecture.md, "vLLM's own draft"): a step runs at least one
-    draft position, vLLM's catch-up pass (none when `policy` is None: target-only, no draft configured),
-    each costing load.c_draft at the step's batch size; verification costs c_step(sum of k_i + 1).
+    draft position, vLLM's catch-up pass (none when `policy` is None, target-only with no draft configured, or
+    never drafts: batch_policy.never_drafts), each costing load.c_draft at the step's batch size; verification
+    costs c_step(sum of k_i + 1).
     RequestState.request_id is the prompt's index and its stats.new_tokens its committed tokens, so a
     policy may look at the trace (an oracle bound). Approximation 1 of the module docstring applies."""
     check_setting("max_window", max_window)
     if not load.c_step or not load.c_draft:
         raise DiscoError(f"the load profile ({load.source}) has no batched costs: profile with --engine vllm")
+    if policy is not None and never_drafts(policy, load, batch, max_window):
+        policy = None  # target-only: the proposer skips vLLM's draft loop, its catch-up pass too
     queue, active = list(range(len(traces))), []
     run = BatchedRun(0, 0.0, 0, 0, 0, 0)
     while queue or active:
@@ -414,7 +417,7 @@ def simulate_batched(
         room = torch.tensor([len(tr) - int(s.stats.new_tokens) - 1 for tr, s in zip(trs, active)])
         positions, drafted = 0, torch.zeros(n, dtype=torch.long)
         if policy is not None:
-            view = Batch(active, load.at_load(n, max_window), load.c_draft[min(n, len(load.c_draft)) - 1])
+            view = Batch.under(active, load, max_window)
             live = policy.drafts(view).cpu() & (room > 0)
             policy.start(view, torch.device("cpu"))
             while bool(live.any()) and positions < max_window:
@@ -424,7 +427,7 @@ def simulate_batched(
                 stop = policy.stops(positions, feats, feats[:, _P_CHOSEN], live).cpu()
                 drafted = torch.where(live, positions, drafted)
                 live = live & ~stop & (room > positions)
-            run.seconds += load.c_draft[min(n, len(load.c_draft)) - 1] * max(positions, 1)
+            run.seconds += float(load.draft_position(n)) * max(positions, 1)  # (c_draft: checked above)
         run.seconds += load.c_step[min(int(drafted.sum()) + n, len(load.c_step)) - 1]
         run.steps, run.positions = run.steps + 1, run.positions + max(positions, policy is not None)
         for s, tr, k in zip(active, trs, drafted.tolist()):

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from disco.batch_policy import Batch, BatchPolicy, RequestState
-from disco.cost import CostModel, load_view
-from disco.cpu import read_load_profile
+from disco.batch_policy import Batch, BatchPolicy, RequestState, never_drafts
+from disco.cost import CostModel
+from disco.cpu import VLLM_DRAFT, LoadProfiles
 from disco.embedded import pair_name
 from disco.errors import DiscoError, said_in_one_line
 from disco.features import assemble_token_features, batch_logit_distribution, token_class_table
@@ -175,7 +175,8 @@ def settings_from_env() -> Settings:
     """`vllm serve`: the policy (and load profile) named by the DISCO_VLLM_POLICY JSON."""
     data = read_settings()
     policy = data.get("policy") or {"name": "threshold"}
-    load = read_load_profile(data["profile"]) if data.get("profile") else None  # (warns when measured elsewhere)
+    # (this machine's profile of this proposer, of several; one line when there is none)
+    load = LoadProfiles(data["profile"]).choose(VLLM_DRAFT) if data.get("profile") else None
     return Settings(PolicySpec(**policy), load)
 
 
@@ -227,7 +228,16 @@ class _DiscoDraft:
         self.finished: dict[str, Any] = {}  # keep_stats: finished requests' GenStats, by request id
         self.set_policy(settings.policy, settings.load)
         PROPOSERS.append(self)
-        print(f"disco: the {settings.policy.name} policy decides on vLLM's draft, per request", file=sys.stderr)
+        said = f"disco: the {settings.policy.name} policy decides on vLLM's draft, per request"
+        if self.never_drafts and _ARMED is None:  # (serving; in-process compare arms the target policy first)
+            # vLLM still runs its speculative path every step, no draft proposed: the worker's draft bookkeeping
+            # and one more call from the engine for the drafts (bench/RESULTS.md, "Sixth session")
+            said += (
+                ": here it never drafts (no window pays at any batch size under this machine's load profile), so "
+                "vLLM's draft is skipped; serving this machine without --speculative-config spares vLLM's "
+                "speculative path too (1-4 % a step at one request)"
+            )
+        print(said, file=sys.stderr)
 
     # --- the policy ---------------------------------------------------------------------------------
 
@@ -253,25 +263,9 @@ class _DiscoDraft:
         if self.policy.reads_features and self._classes is None:
             vocab = self.vllm_config.speculative_config.draft_model_config.get_vocab_size()
             self._classes = token_class_table(self._tok, vocab).to(self.device)  # a few seconds for 150k tokens
-        self.never_drafts = self._never_drafts()
-
-    def _never_drafts(self) -> bool:
-        """Whether the policy lets no fresh request draft at any batch size this instance may run (the target
-        policy; a cost rule under which even a perfectly accepted window never pays, as the load profile of an
-        AVX2-only CPU says): then no request ever drafts, and propose() skips vLLM's draft loop altogether,
-        its catch-up pass too, whose only use is a draft KV cache no one will read. A fresh request is the
-        best case the batched policies see (the cost rules ask about perfect acceptance before a window;
-        cost-adaptive's forecast starts at 1)."""
-        k_most = int(self.vllm_config.speculative_config.num_speculative_tokens)
+        # (a policy that never drafts here: propose() skips vLLM's draft loop altogether)
         most = int(self.vllm_config.scheduler_config.max_num_seqs)
-        # the batch sizes its profile covers (at_load refuses larger ones); without one the cost rules decide
-        # with the artifact's cost model, the same at every batch size
-        most = min(most, len(self.load.c_step) // 2) if self.load is not None else 1
-        for b in range(1, most + 1):
-            batch = Batch([RequestState() for _ in range(b)], load_view(self.load, b, k_most), self._position_cost(b))
-            if bool(self.policy.drafts(batch).any()):
-                return False
-        return True
+        self.never_drafts = never_drafts(self.policy, load, most, self._k_most())
 
     def _pair_record(self) -> dict:
         """What the artifact check compares (Pair.describe()'s fields): the models (the embedded pair's files
@@ -285,11 +279,9 @@ class _DiscoDraft:
             "engine": {"name": "vllm", "dtype": str(spec.draft_model_config.dtype).removeprefix("torch.")},
         }
 
-    def _position_cost(self, batch: int) -> float | None:
-        """One batched draft position at this batch size (the load profile's c_draft), None without one."""
-        if self.load is None or not self.load.c_draft:
-            return None
-        return self.load.c_draft[min(batch, len(self.load.c_draft)) - 1]
+    def _k_most(self) -> int:
+        """The longest window vLLM lets this instance propose (its num_speculative_tokens)."""
+        return int(self.vllm_config.speculative_config.num_speculative_tokens)
 
     def stats_for(self, prompt: list[int], request_id: str) -> Any:
         """The counts of the request vLLM's LLM returned as `request_id`, once."""
@@ -356,8 +348,7 @@ class _DiscoDraft:
             tails.append(st.window[:accepted] + [int(nxt[i])])  # what this step added to the request
             st.window = []
             states.append(st)
-        k_most = int(self.vllm_config.speculative_config.num_speculative_tokens)
-        batch = Batch(states, load_view(self.load, n, k_most), self._position_cost(n))
+        batch = Batch.under(states, self.load, self._k_most())
         drafts = self.policy.drafts(batch)  # (B,) on the host
         live = drafts.to(self.device)
         context = lengths = gen0 = None

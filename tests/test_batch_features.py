@@ -13,7 +13,6 @@ from disco.features import (
     batch_copy_flags,
     batch_distribution,
     batch_logit_distribution,
-    batch_token_features,
     batch_top_probs,
     copy_flags,
     token_features,
@@ -123,7 +122,7 @@ def test_batch_copy_flags_short_width():
     "batch, vocab, dtype",
     [(7, 1000, torch.float32), (3, 151936, torch.float32), (5, 1000, torch.float16)],  # 150k: a row per block
 )
-def test_batch_token_features_equal_token_features(batch, vocab, dtype):
+def test_batched_token_features_equal_token_features(batch, vocab, dtype):
     g = torch.Generator().manual_seed(vocab)
     probs = random_probs(g, batch, vocab).to(dtype)
     token_classes = torch.randint(0, len(TOKEN_CLASSES), (vocab,), generator=g)
@@ -135,7 +134,7 @@ def test_batch_token_features_equal_token_features(batch, vocab, dtype):
     gen_pos = torch.randint(0, 2000, (batch,), generator=g)
     context, lens = padded(contexts)
 
-    feats = batch_token_features(probs, tokens, gen_pos, context, lens, token_classes)
+    feats = assemble_token_features(batch_distribution(probs, tokens), tokens, gen_pos, context, lens, token_classes)
     assert feats.shape == (batch, len(TOKEN_FEATURES)) and feats.dtype == torch.float32
     for b in range(batch):
         one = token_features(probs[b], tokens[b], int(gen_pos[b]), contexts[b], token_classes)
@@ -186,5 +185,6 @@ def test_the_features_from_the_logits_equal_those_from_the_probabilities(batch, 
     context, lens = padded(random_contexts(g, [3] * batch))
     gen_pos, classes = torch.arange(batch), torch.zeros(vocab, dtype=torch.long)
     feats = assemble_token_features((top, ent, chosen), tokens, gen_pos, context, lens, classes)
-    want_feats = batch_token_features(logits.float().softmax(-1), tokens, gen_pos, context, lens, classes)
+    want = batch_distribution(logits.float().softmax(-1), tokens)
+    want_feats = assemble_token_features(want, tokens, gen_pos, context, lens, classes)
     torch.testing.assert_close(feats, want_feats, atol=ENTROPY_ATOL, rtol=1e-5)

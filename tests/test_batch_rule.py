@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from disco.batch_policy import Batch, BatchClassifier, BatchConstant, RequestState
+from disco.batch_policy import Batch, BatchClassifier, BatchConstant, BatchTarget, RequestState, never_drafts
 from disco.classifier import ClassifierPolicy
 from disco.cost import CostModel
 from disco.errors import DiscoError
@@ -118,3 +118,21 @@ def test_simulate_batched_accepts_the_leading_run():
 def test_simulate_batched_needs_a_batched_profile():
     with pytest.raises(DiscoError, match="no batched costs"):
         simulate_batched([_trace([True])], None, CostModel(0.1, (1.0,)), 1)
+
+
+def test_simulate_batched_charges_no_draft_pass_to_a_policy_that_never_drafts():
+    """The target policy, and the cost rule where a step costs its tokens (no window pays even fully accepted),
+    run as target-only: vLLM's draft loop is skipped (vllm_proposer.py), its catch-up pass too, so the
+    simulation charges no draft position; the cost rule where verification is cheap drafts and pays them."""
+    traces = [_trace([True] * 6), _trace([True] * 4), _trace([True] * 5)]
+    compute_bound = CostModel(0.75, (1.0, 2.0), "stub", tuple(1.0 * t for t in range(1, 80)), (0.75, 1.3, 1.9))
+    target = simulate_batched(traces, None, compute_bound, 2, 4)
+    for policy in (BatchTarget(), BatchClassifier(lambda x: torch.ones(len(x)), "cost", 1.0, compute_bound)):
+        assert never_drafts(policy, compute_bound, 2, 4)
+        run = simulate_batched(traces, policy, compute_bound, 2, 4)
+        assert (run.seconds, run.steps, run.positions, run.drafted) == (target.seconds, target.steps, 0, 0)
+    cheap = _load(0.05)
+    drafts = BatchClassifier(lambda x: torch.full((len(x),), 0.99, dtype=torch.float64), "cost", 1.0, cheap)
+    assert not never_drafts(drafts, cheap, 2, 4)
+    run = simulate_batched(traces, drafts, cheap, 2, 4)
+    assert run.drafted > 0 and run.positions > 0

@@ -14,13 +14,15 @@ from torch import nn
 
 from disco.cpu import (
     FLOAT32_EXACT,
+    SIDE_ENGINE,
+    VLLM_DRAFT,
+    LoadProfiles,
     apply_cpu_backend,
     cpu_backend_of,
     draft_threads,
     linear_weight_bytes,
     machine_text,
     profile_machine_warning,
-    read_load_profile,
     this_machine,
 )
 from disco.decode import DecodeConfig, speculative_generate, target_generate
@@ -291,7 +293,7 @@ def test_a_load_profile_says_when_it_was_measured_elsewhere(tmp_path, capsys):
     assert old is not None and "does not say which machine" in old
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({**profile, "machine": other}))
-    assert read_load_profile(path).c_step == (1.0, 1.1, 1.2)
+    assert LoadProfiles(path).choose(VLLM_DRAFT).c_step == (1.0, 1.1, 1.2)
     err = capsys.readouterr().err
     assert err.startswith("disco: the load profile") and err.count("\n") == 1
 
@@ -304,12 +306,37 @@ def test_of_several_load_profiles_the_one_measured_here_is_used(tmp_path, capsys
     for name, machine, c_d in (("xeon", other, 0.5), ("here", here, 0.25)):
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps({"c_d": c_d, "c_t": [1.0, 1.1], "c_step": [1.0, 1.1], "machine": machine}))
-    assert read_load_profile(paths).c_d == 0.25
-    assert read_load_profile([str(p) for p in reversed(paths)]).c_d == 0.25
+    assert LoadProfiles(paths).choose(VLLM_DRAFT).c_d == 0.25
+    assert LoadProfiles([str(p) for p in reversed(paths)]).choose(VLLM_DRAFT).c_d == 0.25
     assert capsys.readouterr().err == ""
-    assert read_load_profile([paths[0], paths[0]]).c_d == 0.5
+    assert LoadProfiles([paths[0], paths[0]]).choose(VLLM_DRAFT).c_d == 0.5
     err = capsys.readouterr().err
     assert err.startswith("disco: none of the 2 load profiles was measured on this machine; using the first")
     assert err.count("\n") == 1
     with pytest.raises(DiscoError, match="profile not found: .*missing.json"):  # every file checked
-        read_load_profile([paths[1], tmp_path / "missing.json"])
+        LoadProfiles([paths[1], tmp_path / "missing.json"])
+
+
+def test_each_proposer_takes_the_profile_measured_with_it(tmp_path, capsys):
+    """A settings file naming profiles of both proposers on this machine gives each its own, silently, asked as
+    often as compare asks; a profile of the other proposer only is used for vLLM's step costs, not its draft
+    costs (the side engine drafts on llama.cpp, not in vLLM's batched forward), with one line, once."""
+    here = this_machine()
+    files = {}
+    for proposer, c_d, c_draft in ((VLLM_DRAFT, 0.5, [0.5, 0.6]), (SIDE_ENGINE, 0.1, [])):
+        path = tmp_path / f"{proposer.replace(' ', '-')}.json"
+        body = {"c_d": c_d, "c_t": [1.0, 1.1], "c_step": [1.0, 1.1, 1.2], "machine": here, "proposer": proposer}
+        path.write_text(json.dumps({**body, "c_draft": c_draft} if c_draft else body))
+        files[proposer] = path
+    both = LoadProfiles([files[VLLM_DRAFT], files[SIDE_ENGINE]])
+    for _ in range(2):
+        assert both.choose(SIDE_ENGINE).c_d == 0.1 and both.choose(VLLM_DRAFT).c_draft == (0.5, 0.6)
+    assert capsys.readouterr().err == ""
+    only_vllm = LoadProfiles(files[VLLM_DRAFT])
+    side = only_vllm.choose(SIDE_ENGINE)
+    assert side.c_step == (1.0, 1.1, 1.2) and side.c_draft == () and side.at_load(1).c_d == 0.5
+    only_vllm.choose(SIDE_ENGINE)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{files[VLLM_DRAFT]} was measured with the vllm draft proposer, not the side engine one" in err
+    assert only_vllm.choose(VLLM_DRAFT).c_draft == (0.5, 0.6) and capsys.readouterr().err == ""

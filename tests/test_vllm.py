@@ -465,6 +465,28 @@ def test_serving_rows_by_proposer(pair):
     assert labels(("side",)) == ["vllm target-only", "vllm + threshold 0.5", "vllm + threshold adaptive"]
 
 
+def test_each_proposer_decides_with_its_own_load_profile(pair, tmp_path, capsys):
+    """--load-profile names one profile per proposer (each records which): disco's proposer on vLLM's draft
+    decides with the one measured on vLLM's draft, the side engine with its own, silently."""
+    from disco.cpu import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles, this_machine
+    from disco.engines.vllm import DISCO_DRAFT
+
+    files = []
+    for proposer, c_d in ((VLLM_DRAFT, 0.5), (SIDE_ENGINE, 0.1)):
+        body = {"c_d": c_d, "c_t": [1.0] * 7, "c_step": [1.0] * 64, "machine": this_machine(), "proposer": proposer}
+        files.append(tmp_path / f"{proposer.replace(' ', '-')}.json")
+        files[-1].write_text(json.dumps({**body, "c_draft": [c_d] * 8} if proposer == VLLM_DRAFT else body))
+    runner = VllmRunner(pair, LoadProfiles(files))
+    ids = [pair.encode(p, False) for p in PROMPTS[:2]]
+    cfg = DecodeConfig(max_new_tokens=8, max_window=6)
+    list(runner.decode(ids, PolicySpec("threshold", threshold=0.4), cfg))  # (a batched form: on vLLM's draft)
+    on_draft = pair.target_engine.proposer(SpecConfig(DISCO_DRAFT, 6, str(pair.target_engine.draft_folder)))
+    assert on_draft.load.c_draft == (0.5,) * 8
+    list(runner.decode(ids, PolicySpec("threshold", threshold=0.4, adaptive=True), cfg))  # (the side engine)
+    assert vllm_proposer.SHARED.proposer.load.c_d == 0.1 and vllm_proposer.SHARED.proposer.load.c_draft == ()
+    assert "load profile" not in capsys.readouterr().err
+
+
 def test_serving_compare_asks_second_turns_after_vllms_own_answers(pair, tmp_path, monkeypatch):
     """mt-bench-2 on vLLM: the first turns are answered by vLLM target-only, together (its target has no
     session), cached, and each second turn is decoded as the whole conversation."""

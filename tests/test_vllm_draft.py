@@ -429,6 +429,33 @@ def test_vllm_serve_with_the_policy_on_vllms_draft(folders, pair, ids, tmp_path)
     assert got == [pair.tokenizer.decode(w, skip_special_tokens=True) for w in want]
 
 
+def test_vllm_serve_with_a_policy_that_never_drafts(folders, pair, ids, tmp_path):
+    """Under `vllm serve` a policy that never drafts answers as target-only and says, once, that this machine is
+    better served without speculative decoding (vLLM's speculative path still runs every step)."""
+    from openai import OpenAI
+
+    port = _free_port()
+    proc = _serve(folders, {"policy": {"name": "target"}}, port, tmp_path, ["--no-async-scheduling"])
+    try:
+        assert _wait_ready(proc, port), (tmp_path / "server.log").read_text()[-3000:]
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=60, max_retries=0)
+        got = [
+            client.completions.create(
+                model=str(folders[0]), prompt=i, max_tokens=16, temperature=0.0, extra_body={"stop_token_ids": [EOS]}
+            )
+            .choices[0]
+            .text
+            for i in ids[:2]
+        ]
+    finally:
+        _stop(proc)
+    said = [line for line in (tmp_path / "server.log").read_text().splitlines() if line.startswith("disco: ")]
+    assert len(said) == 1 and said[0].startswith("disco: the target policy decides on vLLM's draft, per request: ")
+    assert "here it never drafts" in said[0] and "without --speculative-config" in said[0]
+    want, _ = pair.target_engine.generate_batch(SpecConfig(), ids[:2], 16, pair.eos_token_ids, 2)
+    assert got == [pair.tokenizer.decode(w, skip_special_tokens=True) for w in want]
+
+
 def test_vllm_serve_with_a_missing_settings_file_stops_in_one_line(folders, tmp_path):
     port = _free_port()
     proc = _serve(folders, None, port, tmp_path, ["--no-async-scheduling"], settings_path=tmp_path / "nothing.json")

@@ -19,7 +19,7 @@ import torch
 
 from disco import vllm_proposer
 from disco.cost import CostModel
-from disco.cpu import this_machine
+from disco.cpu import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles, this_machine
 from disco.defaults import DEFAULT_VLLM_MAX_SEQS, DEFAULT_VLLM_PROPOSERS, VLLM_PROFILE_BATCHES, VLLM_PROFILE_WINDOWS
 from disco.engines.base import Continuation, EngineKind
 from disco.engines.vllm import (
@@ -51,17 +51,16 @@ class VllmRunner:
     group = DEFAULT_VLLM_MAX_SEQS  # the first-turn answers: this many together, the cache written after each group
     by_level = True  # compare: one result per --concurrency level
 
-    def __init__(self, pair: Any, load: Any = None) -> None:
+    def __init__(self, pair: Any, load: LoadProfiles | None = None) -> None:
         self.pair = pair
-        self.load = load  # a cost.CostModel load profile (c_step): the cost rules decide per batch
+        self.load = load  # load profiles (c_step): the cost rules decide per batch, each proposer with its own
 
     def levels(self, asked: Sequence[int]) -> list[int]:
         return list(asked)
 
     def share(self) -> None:
         """What the side-engine proposer drafts with, set before vLLM builds it in this process."""
-        vllm_proposer.SHARED.pair, vllm_proposer.SHARED.load = self.pair, self.load
-        vllm_proposer.SHARED.keep_stats = True
+        vllm_proposer.SHARED.pair, vllm_proposer.SHARED.keep_stats = self.pair, True  # (its load: _proposer)
 
     def decode(
         self, prompts: Sequence[list[int]], spec: PolicySpec, config: Any, concurrency: int | None = None
@@ -159,12 +158,14 @@ def serving_rows(pair: Any, entries: Sequence[Any], max_window: int, settings: d
     return rows
 
 
-def _proposer(target: VllmTarget, row: ServingRow, max_seqs: int, load: Any) -> Any:
-    """disco's proposer for `row` (None: one of vLLM's own rows), built once, set to the row's policy: the one on
-    vLLM's draft (vllm_proposer.DiscoDraftProposer; on the shared draft instance also vLLM's own rows, policy None,
-    each row at its own lengths by batch size) or the side-engine one (serving.DiscoProposer, which registers
-    itself in vllm_proposer.SHARED)."""
-    if row.spec.method == DISCO_DRAFT:
+def _proposer(target: VllmTarget, row: ServingRow, max_seqs: int, profiles: LoadProfiles | None) -> Any:
+    """disco's proposer for `row` (None: one of vLLM's own rows), built once, set to the row's policy and its own
+    load profile: the one on vLLM's draft (vllm_proposer.DiscoDraftProposer; on the shared draft instance also
+    vLLM's own rows, policy None, each row at its own lengths by batch size) or the side-engine one
+    (serving.DiscoProposer, which registers itself in vllm_proposer.SHARED)."""
+    on_vllm_draft = row.spec.method == DISCO_DRAFT
+    load = profiles.choose(VLLM_DRAFT if on_vllm_draft else SIDE_ENGINE) if profiles and row.policy else None
+    if on_vllm_draft:
         proposer = target.proposer(row.spec, max_seqs)
         proposer.set_policy(row.policy, load)
         target.set_lengths(row.spec, row.lengths)
@@ -281,7 +282,7 @@ def profile_load(
     cost = CostModel(c_d, tuple(c_step[: max_window + 1]), "profile", tuple(c_step), c_draft)
     return {
         **cost.to_dict(),
-        "proposer": "vllm draft" if on_vllm_draft else "side engine",
+        "proposer": VLLM_DRAFT if on_vllm_draft else SIDE_ENGINE,
         "unit": "s",
         "c_d_ratio": c_d / c_step[0],
         "c_t_ratio": [c / c_step[0] for c in c_step[: max_window + 1]],
@@ -292,7 +293,7 @@ def profile_load(
         "steps": steps,
         "pair": pair.describe(),
         "device_name": "cpu",
-        "machine": this_machine(),  # its step costs are this machine's (cpu.read_load_profile warns elsewhere)
+        "machine": this_machine(),  # its step costs are this machine's (cpu.LoadProfiles warns elsewhere)
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
