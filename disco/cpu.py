@@ -352,8 +352,9 @@ class LoadProfiles:
     on this machine, so one settings file holds on every kind of machine, and for both proposers, it was profiled
     for. Every file is read and checked once, here (one line on a missing or malformed one). Where none was
     measured on this machine, the first measured with the proposer, with one line on stderr: its step costs are
-    another machine's. Where none was measured with the proposer, one line too: vLLM's step costs (the target's,
-    whoever drafts) are used, the other proposer's draft costs are not (no c_draft: c_d per draft token)."""
+    another machine's. Where none was measured with the proposer, the other's, with one line too: its step costs
+    (vLLM's target step, whoever drafts) hold, its draft cost does not (taken as c_d per draft token, no batched
+    position: a side engine drafts on llama.cpp, not in vLLM's batched forward)."""
 
     def __init__(self, paths: str | Path | Sequence[str | Path]) -> None:
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -374,14 +375,14 @@ class LoadProfiles:
         said = [profile_machine_warning(data, source) for source, data, _ in pool]
         source, data, cost = next((f for f, why in zip(pool, said) if why is None), pool[0])
         lines = []
-        if said[0] is not None and all(why is not None for why in said):
+        if all(why is not None for why in said):
             many = f"none of the {len(pool)} load profiles was measured on this machine; using the first: "
             lines.append((many if len(pool) > 1 else "") + said[0])
         if not own:
             lines.append(
                 f"the load profile {source} was measured with the {data['proposer']} proposer, not the {proposer} "
-                f"one: vLLM's step costs are used, its draft costs are not — profile this proposer too "
-                "(`disco profile --engine vllm`) and name both"
+                "one: its step costs hold, its draft cost is the other proposer's (c_d a draft token, no batched "
+                "position) — profile this proposer too (`disco profile --engine vllm`) and name both"
             )
             cost = CostModel(cost.c_d, cost.c_t, cost.source, cost.c_step)
         for line in lines:

@@ -233,9 +233,9 @@ class _DiscoDraft:
             # vLLM still runs its speculative path every step, no draft proposed: the worker's draft bookkeeping
             # and one more call from the engine for the drafts (bench/RESULTS.md, "Sixth session")
             said += (
-                ": here it never drafts (no window pays at any batch size under this machine's load profile), so "
-                "vLLM's draft is skipped; serving this machine without --speculative-config spares vLLM's "
-                "speculative path too (1-4 % a step at one request)"
+                ": it never drafts here (batch_policy.never_drafts: no window pays at any batch size, or the target "
+                "policy), so vLLM's draft is skipped; serving this machine without --speculative-config spares "
+                "vLLM's speculative path too (1-4 % a step at one request)"
             )
         print(said, file=sys.stderr)
 

@@ -451,7 +451,7 @@ def test_vllm_serve_with_a_policy_that_never_drafts(folders, pair, ids, tmp_path
         _stop(proc)
     said = [line for line in (tmp_path / "server.log").read_text().splitlines() if line.startswith("disco: ")]
     assert len(said) == 1 and said[0].startswith("disco: the target policy decides on vLLM's draft, per request: ")
-    assert "here it never drafts" in said[0] and "without --speculative-config" in said[0]
+    assert "it never drafts here" in said[0] and "without --speculative-config" in said[0]
     want, _ = pair.target_engine.generate_batch(SpecConfig(), ids[:2], 16, pair.eos_token_ids, 2)
     assert got == [pair.tokenizer.decode(w, skip_special_tokens=True) for w in want]
 

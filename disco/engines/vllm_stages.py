@@ -164,7 +164,8 @@ def _proposer(target: VllmTarget, row: ServingRow, max_seqs: int, profiles: Load
     vLLM's own rows, policy None, each row at its own lengths by batch size) or the side-engine one
     (serving.DiscoProposer, which registers itself in vllm_proposer.SHARED)."""
     on_vllm_draft = row.spec.method == DISCO_DRAFT
-    load = profiles.choose(VLLM_DRAFT if on_vllm_draft else SIDE_ENGINE) if profiles and row.policy else None
+    chosen = profiles is not None and row.policy is not None  # (vLLM's own rows decide nothing)
+    load = profiles.choose(VLLM_DRAFT if on_vllm_draft else SIDE_ENGINE) if chosen else None
     if on_vllm_draft:
         proposer = target.proposer(row.spec, max_seqs)
         proposer.set_policy(row.policy, load)
