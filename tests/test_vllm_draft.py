@@ -439,14 +439,15 @@ def test_vllm_serve_with_a_policy_that_never_drafts(folders, pair, ids, tmp_path
     try:
         assert _wait_ready(proc, port), (tmp_path / "server.log").read_text()[-3000:]
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=60, max_retries=0)
-        got = [
-            client.completions.create(
-                model=str(folders[0]), prompt=i, max_tokens=16, temperature=0.0, extra_body={"stop_token_ids": [EOS]}
-            )
-            .choices[0]
-            .text
-            for i in ids[:2]
-        ]
+
+        def ask(prompt_ids):
+            r = client.completions.create(
+                model=str(folders[0]), prompt=prompt_ids, max_tokens=16, temperature=0.0,
+                extra_body={"stop_token_ids": [EOS]},
+            )  # fmt: skip
+            return r.choices[0].text
+
+        got = [ask(i) for i in ids[:2]]
     finally:
         _stop(proc)
     said = [line for line in (tmp_path / "server.log").read_text().splitlines() if line.startswith("disco: ")]
