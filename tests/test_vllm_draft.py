@@ -399,12 +399,11 @@ def _serve(
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
 
 
-def test_vllm_serve_with_the_policy_on_vllms_draft(folders, pair, ids, tmp_path):
-    """`vllm serve` with disco's plugin and settings: concurrent greedy requests through the openai client equal
-    vLLM's target-only output; the server is stopped by the test."""
+def _served(folders, settings: dict, tmp_path: Path, prompts: list[list[int]], max_tokens: int) -> list[str]:
+    """Start `vllm serve` with disco's plugin and `settings`, send `prompts` at once through the openai client
+    (greedy), stop the server; the answers."""
     from openai import OpenAI
 
-    settings = {"policy": {"name": "threshold", "threshold": 0.4}}
     port = _free_port()
     proc = _serve(folders, settings, port, tmp_path, ["--no-async-scheduling"])
     try:
@@ -413,16 +412,23 @@ def test_vllm_serve_with_the_policy_on_vllms_draft(folders, pair, ids, tmp_path)
 
         def ask(prompt_ids):
             r = client.completions.create(
-                model=str(folders[0]), prompt=prompt_ids, max_tokens=24, temperature=0.0,
+                model=str(folders[0]), prompt=prompt_ids, max_tokens=max_tokens, temperature=0.0,
                 extra_body={"stop_token_ids": [EOS]},
             )  # fmt: skip
             return r.choices[0].text
 
-        with ThreadPoolExecutor(len(ids)) as pool:
-            got = list(pool.map(ask, ids))
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(ask, prompts))
     finally:
         _stop(proc)
     assert proc.poll() is not None
+    return got
+
+
+def test_vllm_serve_with_the_policy_on_vllms_draft(folders, pair, ids, tmp_path):
+    """`vllm serve` with disco's plugin and settings: concurrent greedy requests through the openai client equal
+    vLLM's target-only output; the server is stopped by the test."""
+    got = _served(folders, {"policy": {"name": "threshold", "threshold": 0.4}}, tmp_path, ids, 24)
     log = (tmp_path / "server.log").read_text()
     assert "disco: the threshold policy decides on vLLM's draft, per request" in log  # the plugin put it in
     want, _ = pair.target_engine.generate_batch(SpecConfig(), ids, 24, pair.eos_token_ids, len(ids))
@@ -432,24 +438,7 @@ def test_vllm_serve_with_the_policy_on_vllms_draft(folders, pair, ids, tmp_path)
 def test_vllm_serve_with_a_policy_that_never_drafts(folders, pair, ids, tmp_path):
     """Under `vllm serve` a policy that never drafts answers as target-only and says, once, that this machine is
     better served without speculative decoding (vLLM's speculative path still runs every step)."""
-    from openai import OpenAI
-
-    port = _free_port()
-    proc = _serve(folders, {"policy": {"name": "target"}}, port, tmp_path, ["--no-async-scheduling"])
-    try:
-        assert _wait_ready(proc, port), (tmp_path / "server.log").read_text()[-3000:]
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=60, max_retries=0)
-
-        def ask(prompt_ids):
-            r = client.completions.create(
-                model=str(folders[0]), prompt=prompt_ids, max_tokens=16, temperature=0.0,
-                extra_body={"stop_token_ids": [EOS]},
-            )  # fmt: skip
-            return r.choices[0].text
-
-        got = [ask(i) for i in ids[:2]]
-    finally:
-        _stop(proc)
+    got = _served(folders, {"policy": {"name": "target"}}, tmp_path, ids[:2], 16)
     said = [line for line in (tmp_path / "server.log").read_text().splitlines() if line.startswith("disco: ")]
     assert len(said) == 1 and said[0].startswith("disco: the target policy decides on vLLM's draft, per request: ")
     assert "it never drafts here" in said[0] and "without --speculative-config" in said[0]
