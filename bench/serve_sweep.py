@@ -15,7 +15,7 @@ strings may hold {target} {draft} {kmax} {disco_settings} {disco_side_settings})
     draft:K         vLLM's draft_model with num_speculative_tokens K  ("vllm draft k=K")
     dynamic         draft_model, num_speculative_tokens KMAX, num_speculative_tokens_per_batch_size --schedule
     disco-batched   draft_model with KMAX, --no-async-scheduling, env DISCO_VLLM_POLICY=--disco-settings
-    disco-side      custom_class disco.serving.DiscoProposer with KMAX, env DISCO_VLLM_POLICY=--disco-side-settings
+    disco-side      custom_class disco.vllm.side.DiscoProposer with KMAX, env DISCO_VLLM_POLICY=--disco-side-settings
 
 Requests: greedy (--temperature 0), --ignore-eos, exactly --output-len tokens each (checked: output_lens), the
 first --num-prompts of the prompt file in order (--disable-shuffle; no oversampling). vLLM's bench applies the
@@ -114,7 +114,7 @@ def builtin_config(key: str, a: argparse.Namespace) -> dict:
         args = [*spec_arg(spec), "--no-async-scheduling"]  # disco's ragged drafts need synchronous scheduling
         return {"name": "disco batched", "args": args, "env": env, "needs_plugin": "disco"}
     if key == "disco-side":
-        spec = {"method": "custom_class", "model": "disco.serving.DiscoProposer", "num_speculative_tokens": a.kmax}
+        spec = {"method": "custom_class", "model": "disco.vllm.side.DiscoProposer", "num_speculative_tokens": a.kmax}
         env = {"DISCO_VLLM_POLICY": need(a.disco_side_settings, "--disco-side-settings")}
         return {"name": "disco side-engine", "args": spec_arg(spec), "env": env}
     sys.exit(f"unknown configuration {key!r} (target-only, draft:K, dynamic, disco-batched, disco-side)")

@@ -14,12 +14,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 from disco.artifact import load_artifact  # noqa: E402
 from disco.cpu import VLLM_DRAFT, LoadProfiles  # noqa: E402
-from disco.engines.vllm import DISCO_DRAFT, SpecConfig  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
 from disco.policy_registry import PolicySpec  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
 from disco.tree_tensors import TreeTensors  # noqa: E402
+from disco.vllm.engine import DISCO_DRAFT, SpecConfig  # noqa: E402
 
 # the Xeon's, wherever it runs: the decision's work per position is the same, and a profile that makes the rule
 # decline (another machine's) would leave few positions to time

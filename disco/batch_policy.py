@@ -1,7 +1,7 @@
 """Policies that decide for a whole batch of requests at once (docs/architecture.md, "vLLM's own draft").
 
 vLLM drafts every running request in one batched forward per draft position. After each position the
-proposer (vllm_proposer.py) asks one of these for the whole batch in one call: a (B,) mask of the requests
+proposer (vllm/draft.py) asks one of these for the whole batch in one call: a (B,) mask of the requests
 that stop after this token. Each is the batched form of a policy of policy.py / classifier.py: the same
 decision, per request, as tensor operations (the classifier's features come from features.py's batched
 form; its model answers all rows in one call). What a policy keeps between a request's windows lives in
@@ -78,7 +78,7 @@ def never_drafts(policy: BatchPolicy, load: CostModel | None, max_batch: int, ma
     """Whether `policy` lets no fresh request draft at any batch size up to max_batch that `load` covers (the
     target policy; a cost rule under which even a perfectly accepted window never pays, as the load profile of
     an AVX2-only CPU says): then no request ever drafts, and vLLM's draft loop need not run at all, its
-    catch-up pass included, whose only use is a draft KV cache no one will read (vllm_proposer.py skips it,
+    catch-up pass included, whose only use is a draft KV cache no one will read (vllm/draft.py skips it,
     simulate.simulate_batched charges none). A fresh request is the best case the batched policies see (the
     cost rules ask about perfect acceptance before a window; cost-adaptive's forecast starts at 1). Without a
     load profile the answer is the same at every batch size: one is asked."""

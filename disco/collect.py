@@ -16,7 +16,7 @@ Prompts are traced round-robin over tasks, so a partial (or interrupted) run cov
 Where the continuations come from is the engine's business (engines.base.ContinuationSource): disco's own
 loop decodes one prompt at a time and keeps the target's logits (`LoopContinuations`: torch, llama.cpp); an
 engine that decodes by itself runs all of a rank's prompts in one batched run and hands each continuation
-over as it finishes (vLLM: engines.vllm_stages.VllmContinuations, whose greedy traces have no target side: no
+over as it finishes (vLLM: vllm.stages.VllmContinuations, whose greedy traces have no target side: no
 target-side columns, no target signals). The collector traces and writes each continuation as it comes.
 
 Storage: the trace format (disco/trace.py: schema, shards, manifest, writer and reader). Several

@@ -117,21 +117,25 @@ SERVER_TUNING_N_MAX = (4, 8, 16)  # --spec-draft-n-max values tried
 SERVER_TUNING_P_MIN = (0.5, 0.7, 0.8, 0.9)  # --draft-p-min values tried
 DEFAULT_N_BATCH = 512  # llama.cpp engine: tokens per llama_decode call at most (longer prompts are fed in chunks)
 
-# --- vLLM, the serving engine (engines/vllm.py, serving.py) -------------------------------------
+# --- vLLM, the serving engine (disco/vllm/) -------------------------------------------------------
+# GPUs: the share of GPU memory all of a process's in-process vLLM instances take together (vLLM's own default, 0.92,
+# is for one instance: a second could not start), split evenly between the instances a command plans (compare: one
+# per distinct row configuration)
+VLLM_GPU_MEMORY = 0.9
 DEFAULT_VLLM_KV_GIB = 1  # host RAM (whole GiB: vLLM parses an int) each vLLM instance reserves for its KV cache on CPUs
 SERVING_LEVELS = (1, 2, 4, 8)  # train on a batched vLLM profile: the loads its rule is chosen for (lockstep)
 DEFAULT_CONCURRENCY = "1,8"  # compare --engine vllm: requests submitted together, one run per level
 DEFAULT_VLLM_MAX_SEQS = 8  # requests one vLLM instance runs at once at least (more when --concurrency asks)
 DEFAULT_COLLECT_MAX_BATCH = 32  # collect --engine vllm: requests decoded at once (RESULTS: 1.17x the rate of 16)
 DEFAULT_VLLM_FIXED_K = 3  # vLLM's own draft-model rows: this fixed length, and the tuned one
-# disco's proposers compare runs inside vLLM: "draft" on vLLM's own batched draft (vllm_proposer.py), "side" on
-# a draft engine of its own (serving.DiscoProposer)
+# disco's proposers compare runs inside vLLM: "draft" on vLLM's own batched draft (vllm/draft.py), "side" on
+# a draft engine of its own (side.DiscoProposer)
 DEFAULT_VLLM_PROPOSERS = ("draft", "side")
 # the side-engine proposer's batched llama.cpp draft (engines/llamacpp_batch.py): sequences per context (one per
 # request; a context reserves KV cells for all of them at once, n_ctx each; more requests open another context)
 SIDE_DRAFT_SEQS = 8
 VLLM_MAX_MODEL_LEN = 4096  # positions a vLLM instance holds per request at most (capped by the target's own)
-# profile --engine vllm (engines.vllm_stages.profile_load): batch sizes (up to --max-batch) and constant windows (up to
+# profile --engine vllm (vllm/stages.profile_load): batch sizes (up to --max-batch) and constant windows (up to
 # --max-window, which is always timed) whose steps are timed
 VLLM_PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
 VLLM_PROFILE_WINDOWS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 20)

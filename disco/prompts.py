@@ -230,7 +230,7 @@ def load_prompt_sources(sources: Sequence[str], limit: int | None = None) -> lis
     return prompts
 
 
-# `disco profile`'s context: ordinary code, repeated until it has enough tokens (profile.py, engines/vllm.py).
+# `disco profile`'s context: ordinary code, repeated until it has enough tokens (profile.py, vllm/engine.py).
 _CONTEXT_TEXT = (
     "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
     '    """Merge two sorted lists into one sorted list in linear time."""\n'

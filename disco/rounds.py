@@ -52,7 +52,7 @@ def draft_window(
 
 
 # draft_window's two halves, for a caller that drafts many requests' windows in lockstep (one batched draft
-# forward per position: serving.DiscoProposer): the same calls in the same order per policy, so each
+# forward per position: side.DiscoProposer): the same calls in the same order per policy, so each
 # request's decisions and counts are exactly those of draft_window.
 
 

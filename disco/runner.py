@@ -3,7 +3,7 @@
 generate, compare, profile and the first-turn answers ask `runner_for(pair)` and decode through what it
 returns (engines.base.Runner): "decode these prompts under this policy at this concurrency, return each
 result with its window counts and time". An engine that decodes by itself names its own runner in its
-registry entry (EngineKind.runner: vLLM's engines.vllm_stages.VllmRunner, groups of prompts submitted together);
+registry entry (EngineKind.runner: vLLM's vllm.stages.VllmRunner, groups of prompts submitted together);
 every other engine is driven by disco's own loop, here: one prompt at a time (decode.generate), its engine's
 own speculative decoding (Engine.anchors) and variants as compare rows, its cost model from profile.profile_pair.
 """

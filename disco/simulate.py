@@ -392,7 +392,7 @@ def simulate_batched(
     batch: int,
     max_window: int = DEFAULT_MAX_WINDOW,
 ) -> BatchedRun:
-    """vLLM's draft_model decoding of the traces' prompts, `batch` at a time, as vllm_proposer.py runs it:
+    """vLLM's draft_model decoding of the traces' prompts, `batch` at a time, as vllm/draft.py runs it:
     continuous batching (a finished prompt's place goes to the next one); each step the policy's drafts()
     and start(), then one batched draft position after another with stops() on every drafting request's
     trace features, until none drafts on or max_window; each request accepts the leading run of its labels

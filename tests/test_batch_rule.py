@@ -122,7 +122,7 @@ def test_simulate_batched_needs_a_batched_profile():
 
 def test_simulate_batched_charges_no_draft_pass_to_a_policy_that_never_drafts():
     """The target policy, and the cost rule where a step costs its tokens (no window pays even fully accepted),
-    run as target-only: vLLM's draft loop is skipped (vllm_proposer.py), its catch-up pass too, so the
+    run as target-only: vLLM's draft loop is skipped (vllm/draft.py), its catch-up pass too, so the
     simulation charges no draft position; the cost rule where verification is cheap drafts and pays them."""
     traces = [_trace([True] * 6), _trace([True] * 4), _trace([True] * 5)]
     compute_bound = CostModel(0.75, (1.0, 2.0), "stub", tuple(1.0 * t for t in range(1, 80)), (0.75, 1.3, 1.9))

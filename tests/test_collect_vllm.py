@@ -25,7 +25,6 @@ from tiny_gguf import write_tiny_gguf
 import disco.collect as collect_mod
 from disco.collect import collect
 from disco.decode import DecodeConfig
-from disco.engines.vllm import SpecConfig
 from disco.errors import DiscoError
 from disco.features import FEATURES, TARGET_SIGNALS, TOKEN_FEATURES
 from disco.options import PairOptions
@@ -33,6 +32,7 @@ from disco.pair import load_pair
 from disco.prompts import load_prompt_sources
 from disco.trace import HIDDEN_COLUMN, read_manifest, read_trace_rows
 from disco.train import TrainConfig, train
+from disco.vllm.engine import SpecConfig
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 

@@ -19,19 +19,21 @@ import torch
 from tiny import EOS, char_tokenizer, perturbed
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from disco import serving, vllm_proposer
 from disco.classifier import ClassifierPolicy
 from disco.compare import run_compare
 from disco.cost import CostModel
 from disco.decode import DecodeConfig, target_generate
-from disco.engines.vllm import SpecConfig
-from disco.engines.vllm_stages import VllmRunner
 from disco.errors import DiscoError
 from disco.options import PairOptions
 from disco.pair import load_pair
 from disco.policy_registry import PolicySpec
 from disco.prompts import Prompt
 from disco.runner import runner_for
+from disco.vllm import side as serving
+from disco.vllm.engine import SpecConfig
+from disco.vllm.process import PROCESS, Shared
+from disco.vllm.settings import ENV
+from disco.vllm.stages import VllmRunner
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -77,7 +79,7 @@ def folders(tmp_path_factory):
 def pair(folders):
     target, draft = folders
     p = load_pair(PairOptions(target=str(target), draft=str(draft), engine="vllm", dtype="float32"))
-    serving.SHARED.pair, serving.SHARED.keep_stats = p, True  # in-process: the tests read the counts
+    PROCESS.side.pair, PROCESS.side.keep_stats = p, True  # in-process: the tests read the counts
     yield p
     p.target_engine.close()
 
@@ -96,10 +98,10 @@ def reference(pair, ids):
 def _run(pair, ids, policy: PolicySpec, max_tokens=40, k_max=6):
     spec = SpecConfig("custom_class", k_max, serving.PROPOSER)
     llm = pair.target_engine.llm(spec)
-    serving.SHARED.proposer.set_policy(policy)
+    PROCESS.side.proposer.set_policy(policy)
     outs, rids, _ = pair.target_engine.generate_requests(spec, ids, max_tokens, pair.eos_token_ids, len(ids))
-    serving.SHARED.proposer.rids = rids  # (the tests ask for each request's counts by vLLM's id)
-    return outs, serving.SHARED.proposer, llm
+    PROCESS.side.proposer.rids = rids  # (the tests ask for each request's counts by vLLM's id)
+    return outs, PROCESS.side.proposer, llm
 
 
 def _all_stats(proposer) -> list:
@@ -132,7 +134,7 @@ def test_requests_of_different_lengths_finish_at_different_steps(pair, ids):
     budgets = [5, 45, 17, 30, 9]
     spec = SpecConfig("custom_class", 6, serving.PROPOSER)
     llm = pair.target_engine.llm(spec)
-    serving.SHARED.proposer.set_policy(PolicySpec("threshold", threshold=0.3))
+    PROCESS.side.proposer.set_policy(PolicySpec("threshold", threshold=0.3))
     plain = pair.target_engine.llm(SpecConfig())
     params = [SamplingParams(temperature=0.0, max_tokens=b, stop_token_ids=[EOS]) for b in budgets]
     prompts = [TokensPrompt(prompt_token_ids=i) for i in ids]
@@ -164,7 +166,7 @@ def test_nothing_is_kept_per_finished_request(request, pair, ids, draft):
     left, no more contexts)."""
     llm, proposer = _side(request, pair, draft)
     proposer.set_policy(PolicySpec("threshold", threshold=0.4))
-    serving.SHARED.keep_stats = False
+    PROCESS.side.keep_stats = False
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -177,7 +179,7 @@ def test_nothing_is_kept_per_finished_request(request, pair, ids, draft):
                 held = (len(proposer.batch), len(proposer.batch._contexts)) if proposer.batch is not None else ()
                 sizes.append((len(proposer.requests), len(proposer.finished), len(proposer.spare_engines), held))
     finally:
-        serving.SHARED.keep_stats = True
+        PROCESS.side.keep_stats = True
     assert sizes[0] == sizes[1] and sizes[1][1] == 0
     assert (proposer.batch is not None) == (draft == "llama.cpp")
     if proposer.batch is not None:  # a sequence per request still held (finished, not yet seen gone), no other
@@ -190,10 +192,10 @@ def test_a_window_vllm_did_not_verify_is_drafted_on(pair, ids, monkeypatch):
     proposer drafts on from them (it crashed there under `vllm serve`: nothing left to feed)."""
     spec = SpecConfig("custom_class", 6, serving.PROPOSER)
     pair.target_engine.llm(spec)
-    proposer = serving.SHARED.proposer
+    proposer = PROCESS.side.proposer
     proposer.set_policy(PolicySpec("constant", k=3))
     ctx = np.asarray(ids[0] + [5], dtype=np.int64)  # the prompt and its first sampled token
-    monkeypatch.setattr(vllm_proposer, "batch_requests", lambda n: (["r0"], {"r0"}))  # as vLLM's runner says
+    monkeypatch.setattr(PROCESS, "batch_requests", lambda n: (["r0"], {"r0"}))  # as vLLM's runner says
     first = proposer.propose([[5]], np.array([len(ctx)]), ctx[None, :])[0]
     assert len(first) == 3
     unverified = np.concatenate([ctx, first[:1]])  # no draft verified; the target chose the first draft itself
@@ -203,7 +205,7 @@ def test_a_window_vllm_did_not_verify_is_drafted_on(pair, ids, monkeypatch):
 
 @pytest.mark.parametrize("draft", ["torch", "llama.cpp"])
 def test_same_prompt_sampled_and_a_second_turn_keep_their_own_state(request, pair, ids, draft):
-    """The side engine keys each request by vLLM's id (vllm_proposer.batch_requests): four requests with one
+    """The side engine keys each request by vLLM's id (process.PROCESS.batch_requests): four requests with one
     prompt at temperature 0.8 run together, then a second turn extending a finished first one; each has its own
     draft session (llama.cpp: sequence), policy and counts (recognised by their prompt, they took each other's)."""
     from vllm import SamplingParams
@@ -247,13 +249,13 @@ def gguf_side(folders, tmp_path_factory):
     target = shutil.copytree(folders[0], root / "target")
     gguf_tokenizer(draft).save_pretrained(target)  # the tokenizer as the GGUF holds it: the draft's, exactly
     p = load_pair(PairOptions(str(target), str(draft), engine="vllm", dtype="float32", repack="off"))
-    saved = serving.SHARED.pair, serving.SHARED.proposer
-    serving.SHARED.pair = p
+    saved = PROCESS.side.pair, PROCESS.side.proposer
+    PROCESS.side.pair = p
     try:
         llm = p.target_engine.llm(SpecConfig("custom_class", 6, serving.PROPOSER))
-        proposer = serving.SHARED.proposer
+        proposer = PROCESS.side.proposer
     finally:
-        serving.SHARED.pair, serving.SHARED.proposer = saved
+        PROCESS.side.pair, PROCESS.side.proposer = saved
     yield llm, proposer
     p.target_engine.close()
 
@@ -263,7 +265,7 @@ def _side(request, pair, draft: str):
     if draft == "llama.cpp":
         return request.getfixturevalue("gguf_side")
     llm = pair.target_engine.llm(SpecConfig("custom_class", 6, serving.PROPOSER))
-    return llm, serving.SHARED.proposer
+    return llm, PROCESS.side.proposer
 
 
 @pytest.mark.parametrize("policy", [PolicySpec("constant", k=3), PolicySpec("threshold", threshold=0.4)], ids=str)
@@ -283,7 +285,7 @@ def test_batched_draft_is_lossless_and_drafts_as_one_request_at_a_time(gguf_side
     runs = {}
     inner = proposer.propose
     for batched in (True, False):
-        serving.SHARED.batched = batched
+        PROCESS.side.batched = batched
         proposer.set_policy(policy)
         assert (proposer.batch is not None) == batched
         steps: list[list[list[int]]] = []
@@ -292,7 +294,7 @@ def test_batched_draft_is_lossless_and_drafts_as_one_request_at_a_time(gguf_side
             outs = llm.generate(prompts, params, use_tqdm=False)
         finally:
             del proposer.propose
-            serving.SHARED.batched = True
+            PROCESS.side.batched = True
         assert [list(o.outputs[0].token_ids) for o in outs] == want
         counts = [proposer.stats_for(o.prompt_token_ids, o.request_id) for o in outs]
         runs[batched] = steps, [(c.windows, c.drafted, c.accepted, c.draft_forwards) for c in counts]
@@ -445,7 +447,7 @@ def test_serving_rows_by_proposer(pair):
     """--proposers picks disco's proposers; a policy without a batched form with its knobs (the adaptive
     threshold) runs on the side engine only."""
     from disco.compare import Entry
-    from disco.engines.vllm_stages import serving_rows
+    from disco.vllm.stages import serving_rows
 
     entries = [
         Entry("threshold 0.5", PolicySpec("threshold", threshold=0.5)),
@@ -469,7 +471,7 @@ def test_each_proposer_decides_with_its_own_load_profile(pair, tmp_path, capsys)
     """--load-profile names one profile per proposer (each records which): disco's proposer on vLLM's draft
     decides with the one measured on vLLM's draft, the side engine with its own, silently."""
     from disco.cpu import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles, this_machine
-    from disco.engines.vllm import DISCO_DRAFT
+    from disco.vllm.engine import DISCO_DRAFT
 
     files = []
     for proposer, c_d in ((VLLM_DRAFT, 0.5), (SIDE_ENGINE, 0.1)):
@@ -483,7 +485,7 @@ def test_each_proposer_decides_with_its_own_load_profile(pair, tmp_path, capsys)
     on_draft = pair.target_engine.proposer(SpecConfig(DISCO_DRAFT, 6, str(pair.target_engine.draft_folder)))
     assert on_draft.load.c_draft == (0.5,) * 8
     list(runner.decode(ids, PolicySpec("threshold", threshold=0.4, adaptive=True), cfg))  # (the side engine)
-    assert vllm_proposer.SHARED.proposer.load.c_d == 0.1 and vllm_proposer.SHARED.proposer.load.c_draft == ()
+    assert PROCESS.side.proposer.load.c_d == 0.1 and PROCESS.side.proposer.load.c_draft == ()
     assert "load profile" not in capsys.readouterr().err
 
 
@@ -561,12 +563,12 @@ def test_artifact_for_another_pair(pair, tmp_path):
 
 
 def test_missing_proposer_settings(monkeypatch, capsys):
-    monkeypatch.setattr(serving, "SHARED", serving.Shared())
-    monkeypatch.delenv(serving.ENV, raising=False)
-    with pytest.raises(DiscoError, match=serving.ENV) as refused:
+    monkeypatch.setattr(PROCESS, "side", Shared())
+    monkeypatch.delenv(ENV, raising=False)
+    with pytest.raises(DiscoError, match=ENV) as refused:
         serving.DiscoProposer(_FakeConfig())
     assert capsys.readouterr().err == f"disco: {refused.value}\n"  # before vLLM's own report of it
-    monkeypatch.setenv(serving.ENV, json.dumps({"policy": {"name": "classifier", "classifier": "/no/such"}}))
+    monkeypatch.setenv(ENV, json.dumps({"policy": {"name": "classifier", "classifier": "/no/such"}}))
     with pytest.raises(DiscoError, match="not an artifact"):
         serving._load_shared_from_env()
 
@@ -608,7 +610,7 @@ def _serve(folders, settings: dict, port: int, tmp_path: Path) -> subprocess.Pop
     target, _ = folders
     settings_file = tmp_path / "disco-vllm.json"
     settings_file.write_text(json.dumps(settings))
-    env = {**os.environ, serving.ENV: str(settings_file), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, ENV: str(settings_file), "VLLM_CPU_KVCACHE_SPACE": "1"}
     spec = json.dumps({"method": "custom_class", "model": serving.PROPOSER, "num_speculative_tokens": 6})
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--host", "127.0.0.1",

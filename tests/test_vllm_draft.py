@@ -1,4 +1,4 @@
-"""disco's policy on vLLM's own batched draft (disco/vllm_proposer.py), on tiny float32 Qwen2 models in vLLM:
+"""disco's policy on vLLM's own batched draft (disco/vllm/draft.py), on tiny float32 Qwen2 models in vLLM:
 lossless for every batched policy, a window per request (masked in the batch, keyed by vLLM's request id, freed
 with the request), the batched decisions equal the per-request ones, the batch-aware cost rule drafts less
 under load, `vllm serve` runs it through disco's vLLM plugin, and bad input fails in one line."""
@@ -18,17 +18,18 @@ import torch
 from test_vllm import _free_port, _save, _stop, _wait_ready, tiny_vllm_qwen
 from tiny import EOS, perturbed
 
-from disco import vllm_proposer
 from disco.artifact import DenseModel, save_artifact
 from disco.batch_policy import Batch, BatchClassifier, RequestState
 from disco.classifier import ClassifierPolicy
 from disco.cost import CostModel
-from disco.engines.vllm import DISCO_DRAFT, SpecConfig
 from disco.errors import DiscoError
 from disco.features import FEATURES, TOKEN_FEATURES
 from disco.options import PairOptions
 from disco.pair import load_pair
 from disco.policy_registry import PolicySpec
+from disco.vllm import config as vllm_config_checks
+from disco.vllm import settings as vllm_settings
+from disco.vllm.engine import DISCO_DRAFT, SpecConfig
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -334,8 +335,8 @@ def test_batch_aware_cost_rule_drafts_less_as_concurrency_grows():
 
 
 def test_unsupported_vllm_version_in_one_line():
-    with pytest.raises(DiscoError, match=r"supports vLLM 0\.32 \(installed: 0\.33\.0\)"):
-        vllm_proposer.check_version("0.33.0")
+    with pytest.raises(DiscoError, match=r"support vLLM 0\.32 \(installed: 0\.33\.0\)"):
+        vllm_settings.check_version("0.33.0")
 
 
 def test_policy_without_a_batched_form(pair, spec):
@@ -357,24 +358,18 @@ def test_artifact_for_another_pair(pair, spec, tmp_path):
         proposer.set_policy(PolicySpec("classifier", classifier=str(folder)))
 
 
-def test_async_scheduling_is_refused():
-    """Ragged drafts need synchronous scheduling (vLLM's CPU platform always turns async scheduling off; on GPUs
-    it is draft_model's default): a config with it on is refused in one line, as is a draft without full logits."""
+def test_a_draft_without_full_logits_is_refused():
     from types import SimpleNamespace as NS
 
-    config = NS(scheduler_config=NS(async_scheduling=True))
-    with pytest.raises(DiscoError, match="--no-async-scheduling"):
-        vllm_proposer.check_config(config, NS())
-    config.scheduler_config.async_scheduling = False
-    vllm_proposer.check_config(config, NS(use_local_argmax_reduction=False))
+    vllm_config_checks.check_drafter(NS(use_local_argmax_reduction=False))
     with pytest.raises(DiscoError, match="full logits"):
-        vllm_proposer.check_config(config, NS(use_local_argmax_reduction=True))
+        vllm_config_checks.check_drafter(NS(use_local_argmax_reduction=True))
 
 
 def test_missing_settings_file(monkeypatch, tmp_path):
-    monkeypatch.setenv(vllm_proposer.ENV, str(tmp_path / "nothing.json"))
+    monkeypatch.setenv(vllm_settings.ENV, str(tmp_path / "nothing.json"))
     with pytest.raises(DiscoError, match="does not exist"):
-        vllm_proposer.settings_from_env()
+        vllm_settings.settings_from_env()
 
 
 # --- vllm serve -----------------------------------------------------------------------------------------------
@@ -388,7 +383,7 @@ def _serve(
     settings_path = settings_path or tmp_path / "disco-vllm.json"
     if settings is not None:
         settings_path.write_text(json.dumps(settings))
-    env[vllm_proposer.ENV] = str(settings_path)
+    env[vllm_settings.ENV] = str(settings_path)
     spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": K_MAX})
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--host", "127.0.0.1",
@@ -470,7 +465,7 @@ def test_at_load_shares_a_batched_draft_position():
 
 def test_profile_times_vllms_batched_draft(pair, spec):
     """`disco profile --engine vllm` on a pair with a draft folder times vLLM's own draft by batch size."""
-    from disco.engines.vllm_stages import profile_load
+    from disco.vllm.stages import profile_load
 
     result = profile_load(pair, 3, 16, max_batch=2, steps=4, progress=False)
     assert result["proposer"] == "vllm draft"

@@ -174,7 +174,7 @@ class Continuation:
 class ContinuationSource(Protocol):
     """Where `disco collect` gets the target's continuations: disco's own loop, one prompt at a time
     (collect.LoopContinuations), or an engine that decodes by itself, all prompts in one batched run
-    (EngineKind.continuations: vLLM's engines.vllm_stages.VllmContinuations). The collector asks it for a list of
+    (EngineKind.continuations: vLLM's vllm.stages.VllmContinuations). The collector asks it for a list of
     prompts and traces each continuation as it comes."""
 
     # the pair as the collector traces it: its draft is the engine whose teacher-forced forward gives the
@@ -197,7 +197,7 @@ class ContinuationSource(Protocol):
 class Runner(Protocol):
     """How prompts are decoded on a pair's engine (docs/architecture.md, "Runners"): disco's own loop, one prompt
     at a time (runner.LoopRunner), or an engine that decodes by itself, groups of prompts submitted together
-    (EngineKind.runner: vLLM's engines.vllm_stages.VllmRunner). generate, compare, profile and the first-turn answers
+    (EngineKind.runner: vLLM's vllm.stages.VllmRunner). generate, compare, profile and the first-turn answers
     decode through it and never ask which it is."""
 
     # prompts the first-turn answers decode together (their cache is written after each group): 1 for disco's loop

@@ -1,6 +1,6 @@
 """Many requests' drafts on one llama.cpp model: one sequence per request, one llama_decode per call for all.
 
-vLLM's side-engine proposer (serving.DiscoProposer) drafts for every running request each step. With one
+vLLM's side-engine proposer (side.DiscoProposer) drafts for every running request each step. With one
 context per request it ran one draft forward per request per position, so a step's drafting grew linearly
 with the requests. Here each request is a sequence (seq_id) of a shared context and each call is one
 llama_decode over every sequence that has tokens to feed:

