@@ -139,3 +139,22 @@ VLLM_MAX_MODEL_LEN = 4096  # positions a vLLM instance holds per request at most
 # --max-window, which is always timed) whose steps are timed
 VLLM_PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
 VLLM_PROFILE_WINDOWS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 20)
+
+# --- closed loop: costs, calibration and a governor from the serving process's own steps ----------
+# (online_costs.py, online_calibration.py, governor.py; docs/architecture.md, "Closed loop")
+ONLINE_COST_WINDOW = 25  # observations a cost bucket keeps (its median: 13 of 25 must agree to move it)
+ONLINE_COST_REBUILD = (
+    64  # observations between two rebuilds of the cost model (after 1, 2, 4, ..., 32 while warming up)
+)
+ONLINE_COST_WARMUP = 8  # observations of each kind (target steps, draft positions) before the table counts as measured
+CALIBRATION_BUFFER = 512  # verified outcomes kept per draft position (a ring)
+CALIBRATION_HALF_LIFE = 128  # outcomes after which an outcome weighs half in the fit (a shift shows within ~1.6x this)
+CALIBRATION_MIN = 64  # outcomes of a position before its calibration leaves the identity
+CALIBRATION_REFIT = 8  # observe() calls (steps) between two refits
+CALIBRATION_NEWTON = 6  # Newton steps per refit (from the last fit)
+CALIBRATION_PRIOR = 1.0  # L2 pull of (a, b) toward the identity (1, 0), in outcomes' worth (keeps a fit finite)
+GOVERNOR_WINDOW = 32  # steps the governor judges on (a spell of the policy, a trial, a fixed length)
+GOVERNOR_MARGIN = 0.05  # a fixed length must beat the policy by this share before the governor takes over
+GOVERNOR_HOLD = 64  # steps on a fixed length before the policy is tried again (doubled after each failed trial) ...
+GOVERNOR_MAX_HOLD = 1024  # ... up to this
+GOVERNOR_MEMORY = 64  # steps: the per-position acceptance counts decay by 1 - 1/this each step

@@ -1,0 +1,390 @@
+"""The closed loop's parts, engine-independent (docs/architecture.md, "Closed loop"): the running cost table
+(online_costs), the online calibration of P(accept) (online_calibration) and the governor (governor), on simulated
+noisy truths and stubs. Each bound the modules state is shown here with the numbers it gives."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+
+from disco.cost import CostModel
+from disco.defaults import (
+    CALIBRATION_REFIT,
+    GOVERNOR_MAX_HOLD,
+    GOVERNOR_WINDOW,
+    ONLINE_COST_WINDOW,
+)
+from disco.governor import Governor
+from disco.online_calibration import OnlineCalibration, outcomes_to_cross
+from disco.online_costs import OnlineCosts
+
+# --- the running cost table -------------------------------------------------------------------------------------
+
+MAX_BATCH, MAX_WINDOW = 8, 5
+T = MAX_BATCH * (MAX_WINDOW + 1)
+TRUE_STEP = np.array([0.05 + 0.002 * t for t in range(1, T + 1)])  # seconds of a target step over t tokens
+TRUE_DRAFT = np.array([0.01 + 0.0005 * b for b in range(1, MAX_BATCH + 1)])  # one batched draft position, b rows
+NOISE = 0.15  # decode steps: ±15 %
+
+
+def _seed(scale: float) -> CostModel:
+    """The truth's profile, off by `scale` (another machine, another thread count, an in-process profile)."""
+    step, draft = TRUE_STEP * scale, TRUE_DRAFT * scale
+    return CostModel(float(draft[0]), tuple(step[: MAX_WINDOW + 1]), "seed", tuple(step), tuple(draft))
+
+
+def _serve(costs: OnlineCosts, rng: np.random.Generator, steps: int, outlier: float = 0.0) -> None:
+    """Steps of 2 or 4 requests, each drafting 0 .. MAX_WINDOW tokens: one timed target step and one timed draft
+    position per drafted position, with ±15 % noise (and a share `outlier` of them 10x slower)."""
+    for _ in range(steps):
+        b = int(rng.choice([2, 4]))
+        k = rng.integers(0, MAX_WINDOW + 1, b)
+        t = int(b + k.sum())
+        slow = lambda: 10.0 if rng.random() < outlier else 1.0
+        costs.observe_step(t, TRUE_STEP[t - 1] * rng.uniform(1 - NOISE, 1 + NOISE) * slow())
+        for _ in range(max(1, int(k.max()))):
+            costs.observe_draft(b, TRUE_DRAFT[b - 1] * rng.uniform(1 - NOISE, 1 + NOISE) * slow())
+
+
+def _error(model: CostModel, visited: bool = False) -> float:
+    """The largest relative error of the table, over every bucket (or the ones the traffic visits)."""
+    step, draft = np.asarray(model.c_step) / TRUE_STEP - 1, np.asarray(model.c_draft) / TRUE_DRAFT - 1
+    if visited:
+        step, draft = step[1:24], draft[[1, 3]]
+    return float(max(np.abs(step).max(), np.abs(draft).max()))
+
+
+@pytest.mark.parametrize("scale", [3.0, 1 / 3])
+def test_a_wrong_seed_is_corrected_everywhere(scale):
+    """The bound: the seed's scale is gone at the first observation of each kind (every bucket within the ±15 %
+    noise band after one step, the buckets never observed included: the seed's shape times the measured ratio),
+    and within 10 % after 20 steps (the rest is the noise's; five streams)."""
+    for stream in range(5):
+        costs, rng = OnlineCosts(MAX_BATCH, MAX_WINDOW, _seed(scale)), np.random.default_rng(stream)
+        assert _error(costs.cost_model()) == pytest.approx(abs(scale - 1))  # before: the seed
+        _serve(costs, rng, 1)
+        assert _error(costs.cost_model()) <= NOISE + 1e-9
+        _serve(costs, rng, 19)
+        assert _error(costs.cost_model()) <= 0.10
+        _serve(costs, rng, 180)
+        assert _error(costs.cost_model()) <= 0.10
+        assert costs.warm
+
+
+def test_without_a_seed_a_warmup_sets_the_scale():
+    """No profile: the default cost model's shape in units until measured, then seconds; the buckets the traffic
+    visits within 15 % after a warm-up of 50 steps (the others keep the default's linear shape at the nearest
+    measured ratio: within 25 % here, where the truth's slope per token is twice the default's)."""
+    costs = OnlineCosts(MAX_BATCH, MAX_WINDOW)
+    cold = costs.cost_model()
+    assert cold.c_step[0] == pytest.approx(1.0) and not costs.warm  # CostModel.default's units
+    _serve(costs, np.random.default_rng(0), 50)
+    assert costs.warm
+    model = costs.cost_model()
+    assert _error(model, visited=True) <= NOISE
+    assert _error(model) <= 0.25
+
+
+def test_the_table_is_monotone_and_serves_the_cost_rules():
+    costs = OnlineCosts(MAX_BATCH, MAX_WINDOW, _seed(3.0))
+    _serve(costs, np.random.default_rng(1), 50)
+    model = costs.cost_model()
+    assert np.all(np.diff(model.c_step) >= 0) and np.all(np.diff(model.c_draft) >= 0)
+    assert len(model.c_step) == T and len(model.c_draft) == MAX_BATCH and len(model.c_t) == MAX_WINDOW + 1
+    assert model.c_d == model.c_draft[0]
+    view = model.at_load(4, MAX_WINDOW)  # what the cost rules take per step
+    assert view.c_t[0] == pytest.approx(model.c_step[3] / 4) and view.c_d == pytest.approx(model.c_draft[3] / 4)
+
+
+def test_outliers_do_not_move_the_table():
+    """One observation in ten 10x slower (page faults, a first use of a shape): the medians ignore them."""
+    costs = OnlineCosts(MAX_BATCH, MAX_WINDOW, _seed(3.0))
+    _serve(costs, np.random.default_rng(2), 200, outlier=0.1)
+    assert _error(costs.cost_model(), visited=True) <= 0.10
+
+
+def test_a_changed_truth_is_followed():
+    """The machine slows down 2x (another tenant, thermal limits): a bucket follows within 13 of its observations
+    (the majority of its ONLINE_COST_WINDOW), to within 10 % (the global ratio, the median of the kind's last 4
+    windows of observations, catches up later)."""
+    follow = ONLINE_COST_WINDOW // 2 + 1
+    assert follow == 13
+    costs = OnlineCosts(1, 3, _seed(1.0))
+    for _ in range(100):
+        costs.observe_step(2, TRUE_STEP[1])
+    for _ in range(follow):
+        costs.observe_step(2, 2 * TRUE_STEP[1])
+    assert costs._build().c_step[1] == pytest.approx(2 * TRUE_STEP[1], rel=0.10)
+    rng = np.random.default_rng(3)
+    for _ in range(100):  # and with the noise, once the global ratio has followed too
+        costs.observe_step(2, 2 * TRUE_STEP[1] * rng.uniform(1 - NOISE, 1 + NOISE))
+    assert costs._build().c_step[1] == pytest.approx(2 * TRUE_STEP[1], rel=0.05)
+
+
+def test_the_cost_model_is_rebuilt_on_a_schedule_and_memory_stays_flat():
+    costs = OnlineCosts(MAX_BATCH, MAX_WINDOW, _seed(3.0), rebuild=16)
+    built = []
+    for n in range(40):
+        model = costs.cost_model()
+        if not built or model is not built[-1][1]:
+            built.append((n, model))
+        costs.observe_step(10, 0.07)
+    assert [n for n, _ in built] == [0, 1, 2, 4, 8, 16, 32]  # after 1, 2, 4, 8 observations, then every 16
+    sizes = (costs.steps.ring.nbytes, costs.drafts.ring.nbytes, costs.steps.ratios.nbytes)
+    rng = np.random.default_rng(4)
+
+    def serve(n):
+        for _ in range(n):
+            costs.observe_step(int(rng.integers(1, T + 50)), 0.07)  # (beyond the table: counted, not kept)
+            costs.observe_draft(int(rng.integers(1, MAX_BATCH + 1)), 0.01)
+            costs.cost_model()
+
+    serve(5_000)  # (numpy's first calls keep what they allocate)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    serve(5_000)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert (costs.steps.ring.nbytes, costs.drafts.ring.nbytes, costs.steps.ratios.nbytes) == sizes
+    # what grows is Python's free lists of small tuples (the old models' c_t, c_draft), at most 2000 of each size
+    assert costs.steps.skipped > 0 and grown < 2 * 2000 * 120
+
+
+# --- online calibration -----------------------------------------------------------------------------------------
+
+
+def _stream(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    position = torch.randint(1, 4, (n,), generator=g)
+    p = torch.rand(n, generator=g) * 0.8 + 0.1
+    truth = torch.sigmoid(0.5 * torch.logit(p) - 0.3 * position)  # the model overconfident, more so deeper
+    accepted = (torch.rand(n, generator=g) < truth).float()
+    return position, p, accepted
+
+
+def _feed(cal: OnlineCalibration, position, p, accepted, per_call: int = 50) -> None:
+    for i in range(0, len(p), per_call):
+        cal.observe(position[i : i + per_call], p[i : i + per_call], accepted[i : i + per_call])
+
+
+def _buffer(cal: OnlineCalibration, j: int):
+    w = cal.weights()[j - 1]
+    keep = w > 0
+    return cal.x[j, : cal.buffer][keep].double().numpy(), cal.y[j, : cal.buffer][keep].double().numpy(), w[keep]
+
+
+def test_the_refit_is_the_direct_logistic_fit():
+    """Unpenalized, the refit (6 Newton steps from the identity) is sklearn's logistic regression on the same
+    weighted outcomes; with the default pull toward the identity, it is the minimum of that penalized loss."""
+    from scipy.optimize import minimize
+    from sklearn.linear_model import LogisticRegression
+
+    position, p, accepted = _stream(2000)
+    plain = OnlineCalibration(3, prior=0.0, refit_every=10**9, dtype=torch.float64)
+    _feed(plain, position, p, accepted)
+    plain.refit()
+    pulled = OnlineCalibration(3, refit_every=10**9, dtype=torch.float64)
+    _feed(pulled, position, p, accepted)
+    pulled.refit()
+    assert int(plain.seen[1:].min()) > plain.buffer  # the rings wrapped: the weights are by age
+    for j in (1, 2, 3):
+        x, y, w = _buffer(plain, j)
+        lr = LogisticRegression(C=np.inf, tol=1e-12, max_iter=1000).fit(x[:, None], y, sample_weight=w.numpy())
+        assert float(plain.a[j - 1]) == pytest.approx(lr.coef_[0, 0], abs=1e-6)
+        assert float(plain.b[j - 1]) == pytest.approx(lr.intercept_[0], abs=1e-6)
+
+        def loss(ab, x=x, y=y, w=w.numpy()):
+            z = ab[0] * x + ab[1]
+            return float((w * (np.logaddexp(0, z) - y * z)).sum() + 0.5 * ((ab[0] - 1) ** 2 + ab[1] ** 2))
+
+        best = minimize(loss, [1.0, 0.0], method="BFGS", options={"gtol": 1e-10}).x
+        assert float(pulled.a[j - 1]) == pytest.approx(best[0], abs=1e-5)
+        assert float(pulled.b[j - 1]) == pytest.approx(best[1], abs=1e-5)
+    # float32 on the device: the same fit to ~1e-4 in probability
+    fast = OnlineCalibration(3, refit_every=10**9)
+    _feed(fast, position, p, accepted)
+    fast.refit()
+    probe = torch.linspace(0.05, 0.95, 19)
+    for j in (1, 2, 3):
+        assert torch.allclose(fast.calibrate(j, probe).double(), pulled.calibrate(j, probe.double()), atol=1e-4)
+
+
+def test_identity_until_a_position_has_enough_outcomes():
+    cal = OnlineCalibration(4, min_count=64, refit_every=1)
+    probe = torch.tensor([0.1, 0.5, 0.9])
+    assert torch.allclose(cal.calibrate(1, probe), probe, atol=1e-6)
+    cal.observe(torch.ones(63, dtype=torch.long), torch.full((63,), 0.9), torch.zeros(63))
+    assert torch.allclose(cal.calibrate(1, probe), probe, atol=1e-6)  # 63 < 64: still the model's own
+    cal.observe(torch.ones(1, dtype=torch.long), torch.full((1,), 0.9), torch.zeros(1))
+    assert bool((cal.calibrate(1, probe)[1:] < probe[1:]).all())  # all rejected: lower now
+    assert torch.allclose(cal.calibrate(2, probe), probe, atol=1e-6)  # another position: untouched
+    # per-token positions in one call (the batched policy's pos column), beyond K clamped to K
+    both = cal.calibrate(torch.tensor([1, 2, 9]), torch.tensor([0.9, 0.9, 0.9]))
+    assert float(both[0]) < 0.9 and float(both[1]) == pytest.approx(0.9, abs=1e-6)
+
+
+def test_only_judged_tokens_are_outcomes():
+    """Windows of 4 drafted tokens: 2 accepted (positions 1-3 judged: the first rejected one is an outcome, the
+    4th is not), all 4 accepted (positions 1-4 judged), none drafted (no outcome)."""
+    cal = OnlineCalibration(6, refit_every=10**9)
+    p = torch.full((3, 6), 0.8)
+    cal.observe_windows(p, torch.tensor([4, 4, 0]), torch.tensor([2, 4, 0]))
+    assert cal.seen[1:].tolist() == [2, 2, 2, 1, 0, 0]
+    y = cal.y[1:, :2].tolist()
+    assert y[0] == [1.0, 1.0] and y[1] == [1.0, 1.0] and y[2] == [0.0, 1.0] and y[3][0] == 1.0
+
+
+def test_a_shift_in_traffic_moves_the_calibration_within_the_bound():
+    """Acceptance at a position drops from 0.9 to 0.3 (the model still says ~0.9): the calibrated P(accept) of a
+    0.9 falls below a 0.5 threshold within outcomes_to_cross(0.9, 0.3, 0.5) = 182 outcomes of the position at
+    the defaults (buffer 512, half-life 128), plus one refit interval (CALIBRATION_REFIT calls)."""
+    bound = outcomes_to_cross(0.9, 0.3, 0.5)
+    assert bound == 182
+    cal = OnlineCalibration(3)
+    g = torch.Generator().manual_seed(0)
+    per_call = 8  # a batch of 8 requests: 8 outcomes at position 1 per step
+    pattern_old = torch.tensor([1.0] * 9 + [0.0])  # 0.9 accepted, as a repeating pattern (the mechanism, not noise)
+    pattern_new = torch.tensor([1.0] * 3 + [0.0] * 7)  # 0.3
+    probe = torch.tensor([0.9])
+    calls = 0
+    for i in range(1000 // per_call):  # before: ~0.9, well calibrated
+        p = 0.85 + 0.1 * torch.rand(per_call, generator=g)
+        cal.observe(
+            torch.ones(per_call, dtype=torch.long), p, pattern_old[(torch.arange(per_call) + i * per_call) % 10]
+        )
+        calls += 1
+    assert float(cal.calibrate(1, probe)) > 0.8
+    crossed = None
+    for i in range(400 // per_call):
+        p = 0.85 + 0.1 * torch.rand(per_call, generator=g)
+        cal.observe(
+            torch.ones(per_call, dtype=torch.long), p, pattern_new[(torch.arange(per_call) + i * per_call) % 10]
+        )
+        if crossed is None and float(cal.calibrate(1, probe)) < 0.5:
+            crossed = (i + 1) * per_call
+    assert crossed is not None and bound - 32 <= crossed <= bound + CALIBRATION_REFIT * per_call
+
+
+def test_calibration_memory_is_flat():
+    cal = OnlineCalibration(5, buffer=64, refit_every=4)
+    shapes = [t.shape for t in (cal.x, cal.y, cal.seen, cal.a, cal.b)]
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2000):
+        pos = torch.randint(0, 8, (16,), generator=g)
+        cal.observe(pos, torch.rand(16, generator=g), (torch.rand(16, generator=g) < 0.5).float())
+    assert [t.shape for t in (cal.x, cal.y, cal.seen, cal.a, cal.b)] == shapes
+    assert cal.refits == 500 and bool(torch.isfinite(cal.a).all() and torch.isfinite(cal.b).all())
+    big = OnlineCalibration(2, buffer=8, refit_every=10**9)  # more outcomes of one position in one call than fit
+    big.observe(torch.ones(20, dtype=torch.long), torch.full((20,), 0.5), (torch.arange(20) >= 12).float())
+    assert int(big.seen[1]) == 20 and big.y[1, :8].sum() == 8  # the last 8 kept (all accepted)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_calibration_never_syncs_with_the_host():
+    cal = OnlineCalibration(8, device="cuda", refit_every=2)
+    pos = torch.randint(0, 9, (64,), device="cuda")
+    p, acc = torch.rand(64, device="cuda"), (torch.rand(64, device="cuda") < 0.5).float()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(4):  # observe, refit (every 2) and calibrate: no host sync
+            cal.observe(pos, p, acc)
+            cal.observe_windows(p.view(8, 8), pos[:8], pos[8:16])
+            cal.calibrate(pos, p)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+# --- the governor -----------------------------------------------------------------------------------------------
+
+K = 6
+
+
+def _costs(c_step: list[float], c_draft: float) -> CostModel:
+    return CostModel(c_draft, tuple(c_step[: K + 1]), "stub", tuple(c_step), (c_draft,) * MAX_BATCH)
+
+
+def _drive(gov: Governor, costs: CostModel, batch: int, steps: int, policy, accept, rng) -> list[int | None]:
+    """A stub engine: each step the governor's choice (or the policy's windows), the outcomes, the step's time
+    from the costs (the verification, and one batched position per position the longest window drafted)."""
+    choices = []
+    for _ in range(steps):
+        k = gov.choose(costs)
+        choices.append(k)
+        drafted = policy(rng, batch) if k is None else np.full(batch, k)
+        accepted = accept(rng, drafted)
+        t = int(batch + drafted.sum())
+        gov.observe(drafted, accepted, costs.c_step[t - 1] + int(drafted.max()) * costs.c_draft[batch - 1])
+    return choices
+
+
+def _geometric(alpha: float):
+    """Each drafted token accepted with probability alpha, given the ones before it were."""
+
+    def accept(rng, drafted):
+        return np.array([next((j for j in range(d) if rng.random() >= alpha), d) for d in drafted])
+
+    return accept
+
+
+def test_the_governor_stops_drafting_where_it_loses_and_says_so_once():
+    """Acceptance ~0 and a draft position at 30 % of a step: the policy (2 tokens each) runs at ~0.6x target-only;
+    the governor drafts nothing after GOVERNOR_WINDOW steps, says so once, and tries the policy again with a hold
+    that doubles up to GOVERNOR_MAX_HOLD: over 3000 steps the policy ran ~6 % of them."""
+    said: list[str] = []
+    gov = Governor(K, MAX_BATCH, say=said.append)
+    costs = _costs([0.1 + 0.002 * t for t in range(1, MAX_BATCH * (K + 1) + 1)], 0.03)
+    choices = _drive(gov, costs, 4, 3000, lambda r, b: np.full(b, 2), _geometric(0.02), np.random.default_rng(0))
+    assert choices[:GOVERNOR_WINDOW] == [None] * GOVERNOR_WINDOW and choices[GOVERNOR_WINDOW] == 0
+    assert len(said) == 1 and "does not pay" in said[0]
+    assert gov.hold == GOVERNOR_MAX_HOLD
+    assert sum(c is None for c in choices) / len(choices) < 0.08
+    assert all(c in (None, 0) for c in choices)
+
+
+def test_the_governor_takes_the_fixed_length_that_wins():
+    """The policy stops after one token although 9 in 10 are accepted, and a step costs the same up to 4 tokens a
+    request: fixed k = 3 gives ~1.7x the policy's rate; the governor runs it after GOVERNOR_WINDOW steps, and the
+    policy's trials fail (measured against k = 3's measured rate)."""
+    gov = Governor(K, MAX_BATCH)
+    costs = _costs([0.1 if t <= 8 else 0.3 for t in range(1, MAX_BATCH * (K + 1) + 1)], 0.005)
+    choices = _drive(
+        gov, costs, 2, 2000, lambda r, b: np.ones(b, dtype=np.int64), _geometric(0.9), np.random.default_rng(1)
+    )
+    assert choices[GOVERNOR_WINDOW] == 3
+    assert gov.estimates is not None and int(np.argmax(gov.estimates)) == 3
+    assert choices.count(3) / len(choices) > 0.9 and set(choices) == {None, 3}
+
+
+def test_the_governor_leaves_a_winning_policy_alone():
+    """Half the requests accept everything, half nothing, and the policy knows which (it drafts 6 or 1): no fixed
+    length comes near it, where verification costs 10 % of a step per token."""
+    gov = Governor(K, MAX_BATCH)
+    costs = _costs([0.1 + 0.01 * t for t in range(1, MAX_BATCH * (K + 1) + 1)], 0.005)
+    easy = {}
+
+    def policy(rng, b):
+        easy["rows"] = rng.random(b) < 0.5
+        return np.where(easy["rows"], K, 1)
+
+    choices = _drive(gov, costs, 2, 1000, policy, lambda r, d: np.where(easy["rows"], d, 0), np.random.default_rng(2))
+    assert choices == [None] * 1000
+    assert gov.policy_speedup is not None and gov.estimates is not None
+    assert gov.policy_speedup > max(gov.estimates) * 1.2
+
+
+def test_a_policy_that_wins_again_is_back_within_the_bound():
+    """The policy loses (acceptance ~0) for 1500 steps, then its windows are accepted whole: it runs again within
+    GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW steps of the change, and stays."""
+    gov = Governor(K, MAX_BATCH)
+    costs = _costs([0.1 + 0.002 * t for t in range(1, MAX_BATCH * (K + 1) + 1)], 0.03)
+    rng = np.random.default_rng(3)
+    policy = lambda r, b: np.full(b, K)
+    _drive(gov, costs, 4, 1500, policy, _geometric(0.0), rng)
+    assert gov.mode == 0
+    after = _drive(gov, costs, 4, 3000, policy, lambda r, d: d.copy(), rng)
+    back = next(i for i, c in enumerate(after) if c is None)
+    assert back <= GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW
+    assert all(c is None for c in after[back + 2 * GOVERNOR_WINDOW :])
