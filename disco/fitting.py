@@ -192,3 +192,106 @@ def permutation_importance(model: Model, X: np.ndarray, y: np.ndarray, seed: int
         Xp[:, i] = rng.permutation(Xp[:, i])
         out[name] = float(base - roc_auc_score(y, model.predict_proba(Xp)))
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+# --- calibration as the field reports it (issue 45): per position, before and after, disco's and vLLM's -------
+
+ECE_BINS = 10  # expected calibration error over 10 equal-width bins of the predicted probability on [0, 1]
+
+
+def reliability(y: np.ndarray, p: np.ndarray, bins: int = ECE_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per equal-width bin of p ([i / bins, (i + 1) / bins), the last one closed): the mean predicted
+    probability, the observed accept rate (NaN in an empty bin) and the row count."""
+    p = np.asarray(p, np.float64)
+    y = np.asarray(y, np.float64)
+    idx = np.clip((p * bins).astype(int), 0, bins - 1)
+    count = np.bincount(idx, minlength=bins).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        conf = np.bincount(idx, weights=p, minlength=bins) / count
+        rate = np.bincount(idx, weights=y, minlength=bins) / count
+    return conf, rate, count
+
+
+def calibration_figures(y: np.ndarray, p: np.ndarray, bins: int = ECE_BINS) -> dict:
+    """AUROC (None without both classes), Brier score (mean (p - y)^2) and ECE (sum over equal-width bins of
+    the bin's share of rows x |accept rate - mean p|) of predictions p of labels y."""
+    from sklearn.metrics import roc_auc_score
+
+    y = np.asarray(y, np.float64)
+    p = np.asarray(p, np.float64)
+    if len(y) == 0:
+        return {"rows": 0, "accept_rate": None, "auroc": None, "brier": None, "ece": None}
+    conf, rate, count = reliability(y, p, bins)
+    full = count > 0
+    return {
+        "rows": int(len(y)),
+        "accept_rate": float(y.mean()),
+        "auroc": float(roc_auc_score(y, p)) if len(np.unique(y)) == 2 else None,
+        "brier": float(np.mean((p - y) ** 2)),
+        "ece": float(np.sum(count[full] / len(y) * np.abs(rate[full] - conf[full]))),
+    }
+
+
+def online_logistic(X: np.ndarray, y: np.ndarray, max_window: int):
+    """vLLM 0.32's online acceptance estimator (adaptive_verification.OnlineAcceptanceEstimator) fitted on these
+    rows (drafted rows of training prompts: FEATURES; its feature is logit(p_top1), its position window_pos - 1)
+    by its own refit repeated to its fixed point: the estimator at its best, once serving has seen this traffic
+    long enough. Rows at positions past max_window (where vLLM never drafts) are left out."""
+    import torch
+
+    from disco.adaptive_verification import OnlineAcceptanceEstimator, log_odds
+
+    est = OnlineAcceptanceEstimator(max_window, 1)
+    pos = torch.tensor(X[:, FEATURES.index("window_pos")], dtype=torch.long) - 1
+    est.fit(log_odds(torch.tensor(X[:, FEATURES.index("p_top1")])), pos, torch.tensor(y, dtype=torch.float32))
+    return est
+
+
+def online_proba(est, X: np.ndarray) -> np.ndarray:
+    """The fitted online estimator's P(accept) of each row (positions past its last: its last position's)."""
+    import torch
+
+    from disco.adaptive_verification import log_odds
+
+    pos = torch.tensor(X[:, FEATURES.index("window_pos")], dtype=torch.long).clamp(1, est.num_speculative_steps) - 1
+    f = log_odds(torch.tensor(X[:, FEATURES.index("p_top1")]))
+    return est.confidence(f, pos).double().numpy()
+
+
+def calibration_report(
+    raw: dict[str, np.ndarray], y: np.ndarray, positions: np.ndarray, groups: np.ndarray, max_window: int, seed: int = 0
+) -> dict:
+    """Per-position calibration of each model's uncalibrated P(accept) `raw[name]` on held-out rows (labels y,
+    1-based window positions, prompt ids `groups`), before and after Platt scaling. "After" is cross-fitted by
+    prompt: the rows are split into two halves of their prompts, and each half is scaled by the Platt fit of the
+    other, so no figure is on rows its calibration saw (with one prompt: fitted on all of them, said in
+    `cross_fitted`). Rows at positions past max_window are left out. Returns {"bins", "cross_fitted",
+    "positions": [1 .. K, "all"], "models": {name: {"before"|"after": {position: figures}}},
+    "reliability": {name: {"before"|"after": (mean p, accept rate, count) per bin, all positions}}}."""
+    keep = positions <= max_window
+    y, positions, groups = y[keep], positions[keep].astype(int), groups[keep]
+    prompts = np.unique(groups)
+    rng = np.random.default_rng(seed)
+    half = np.isin(groups, rng.permutation(prompts)[: len(prompts) // 2])
+    cross = len(prompts) >= 2
+    keys: list = [*range(1, max_window + 1), "all"]
+    out: dict = {"bins": ECE_BINS, "cross_fitted": cross, "positions": keys, "models": {}, "reliability": {}}
+    for name, p_raw in raw.items():
+        p = np.asarray(p_raw, np.float64)[keep]
+        after = np.empty_like(p)
+        if cross:
+            for fold in (half, ~half):
+                after[fold] = platt(p[~fold], y[~fold])(p[fold])
+        else:
+            after = platt(p, y)(p)
+        figures = {}
+        for tag, q in (("before", p), ("after", after)):
+            figures[tag] = {
+                key: calibration_figures(
+                    y if key == "all" else y[positions == key], q if key == "all" else q[positions == key]
+                )
+                for key in keys
+            }
+            out["reliability"].setdefault(name, {})[tag] = tuple(a.tolist() for a in reliability(y, q))
+        out["models"][name] = figures
+    return out

@@ -156,3 +156,30 @@ def _speedup_by_task(result: dict, path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def reliability_diagram(report: dict, path: Path) -> Path:
+    """`disco train`'s reliability diagram (fitting.calibration_report): for each model, the observed accept
+    rate against the mean predicted P(accept) in each equal-width bin, all positions pooled, before and after
+    Platt scaling (one panel each), with the diagonal of perfect calibration; marker area ~ the bin's rows."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6), sharey=True)
+    for ax, tag in zip(axes, ("before", "after")):
+        ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls="--", label="perfectly calibrated")
+        for name, curves in report["reliability"].items():
+            conf, rate, count = (np.asarray(a, float) for a in curves[tag])
+            full = count > 0
+            ece = report["models"][name][tag]["all"]["ece"]
+            line = ax.plot(conf[full], rate[full], marker="", lw=1.2, label=f"{name} (ECE {ece:.3f})")[0]
+            ax.scatter(conf[full], rate[full], s=12 + 200 * count[full] / count.sum(), color=line.get_color())
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("predicted P(accept) (bin mean)")
+        ax.set_title(f"{tag} calibration", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0].set_ylabel("observed accept rate")
+    bins, how = report["bins"], "cross-fitted by prompt" if report["cross_fitted"] else "in-sample"
+    fig.suptitle(f"reliability on the validation prompts ({bins} equal-width bins; after: Platt, {how})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -52,6 +52,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from disco.adaptive_verification import (
+    ClassifierConfidence,
+    LearnedBudget,
+    OnlineAcceptanceEstimator,
+    admit,
+    draft_budget,
+)
 from disco.batch_policy import Batch, BatchPolicy, RequestState, never_drafts
 from disco.cost import CostModel
 from disco.defaults import DEFAULT_MAX_WINDOW
@@ -440,3 +447,113 @@ def simulate_batched(
             run.tokens, run.drafted, run.accepted = run.tokens + a + 1, run.drafted + k, run.accepted + a
         active = [s for s, tr in zip(active, trs) if s.stats.new_tokens < len(tr)]
     return run
+
+
+# --- vLLM's adaptive verification, in lockstep ----------------------------------------------------
+
+
+@dataclass
+class AdaptiveRun(BatchedRun):
+    """A run of simulate_adaptive_verification: BatchedRun's counts (drafted: the draft tokens verified) and the
+    draft tokens proposed, verified or not."""
+
+    proposed: int = 0
+
+
+_P_TOP1 = TOKEN_FEATURES.index("p_top1")
+
+
+def simulate_adaptive_verification(
+    traces: Sequence[PromptTrace],
+    load: CostModel,
+    batch: int,
+    k: int,
+    confidence: str | OnlineAcceptanceEstimator | ClassifierConfidence = "online",
+    *,
+    stop_drafting: bool = False,
+    stale_budget: bool | None = None,
+) -> AdaptiveRun:
+    """vLLM 0.32's adaptive verification of the traces' prompts, `batch` at a time (continuous batching, as
+    simulate_batched), in lockstep (adaptive_verification.py, module docstring):
+
+    each step every request drafts k positions (one batched draft forward each, load.c_draft at the step's batch
+    size); each slot gets a confidence; the budget B* = argmax of expected tokens over the cost tables, the B*
+    slots of highest survival are verified (c_step(sum admitted + b)); each request accepts the leading run of its
+    labels within its admitted slots and commits one more token. A request's slots are its first min(k, tokens
+    left - 1) positions (past y's end there are no rows: approximation 2 of the module docstring).
+
+    confidence: "online" (a fresh adaptive_verification.OnlineAcceptanceEstimator: vLLM's anchor, from the trace's
+    p_top1, refitted from the verdicts on its schedule), an estimator of your own (kept as it ends), "oracle"
+    (each slot's label: the bound of verifying the best slots of a k-position draft), or disco's classifier
+    (adaptive_verification.ClassifierConfidence). stale_budget: B* from each request's confidences of the
+    previous step (1.0 for a new request), as vLLM's `get_num_tokens` reads them; default: for the online
+    estimator only. stop_drafting: disco's draft stopping (adaptive_verification.LearnedBudget: requests stop
+    when their survival no longer pays, the batch when no request drafts on; at least one position, vLLM's
+    catch-up pass, is charged)."""
+    check_setting("max_window", k)
+    if not load.c_step or not load.c_draft:
+        raise DiscoError(f"the load profile ({load.source}) has no batched costs: profile with --engine vllm")
+    estimator = OnlineAcceptanceEstimator(k, len(traces)) if confidence == "online" else confidence
+    online = isinstance(estimator, OnlineAcceptanceEstimator)
+    stale = online if stale_budget is None else stale_budget
+    learned = LearnedBudget(load, k, stop_drafting)
+    queue, active = list(range(len(traces))), []
+    previous: dict[str, torch.Tensor] = {}  # each request's confidences of its last step (stale budget)
+    run = AdaptiveRun(0, 0.0, 0, 0, 0, 0)
+    while queue or active:
+        while len(active) < batch and queue:
+            active.append(RequestState(str(queue.pop(0))))
+            previous[active[-1].request_id] = torch.ones(k)
+        n = len(active)
+        trs = [traces[int(s.request_id)] for s in active]
+        slots = torch.tensor([int(s.request_id) for s in active])
+        room = torch.tensor([len(tr) - int(s.stats.new_tokens) - 1 for tr, s in zip(trs, active)])
+        capacities = room.clamp(0, k)
+        if isinstance(estimator, ClassifierConfidence):
+            estimator.start(active, torch.device("cpu"))
+        learned.start(capacities)
+        positions = 0
+        for pos in range(1, k + 1):
+            rows = [int(s.stats.new_tokens) + min(pos, max(int(r), 1)) - 1 for s, r in zip(active, room)]
+            feats = torch.stack([tr.token_feats[j] for tr, j in zip(trs, rows)])
+            if online:
+                p = estimator.predict(feats[:, _P_TOP1], pos - 1, slots)
+            elif confidence == "oracle":
+                p = torch.tensor([float(tr.labels[j]) for tr, j in zip(trs, rows)])
+            else:
+                p = estimator(pos, feats)
+            positions = pos
+            live = learned.after_position(pos, p)
+            if stop_drafting and not bool(live.any()):
+                break
+        budget_conf = torch.stack([previous[s.request_id] for s in active]) if stale else None
+        counts = learned.select() if budget_conf is None else _stale_select(learned, budget_conf)
+        for s, row in zip(active, learned.conf):
+            previous[s.request_id] = row.clone()
+        admitted = counts.tolist()
+        run.seconds += float(load.draft_position(n)) * max(positions, 1)
+        run.seconds += load.c_step[min(sum(admitted) + n, len(load.c_step)) - 1]
+        run.steps, run.positions = run.steps + 1, run.positions + max(positions, 1)
+        run.proposed += int(learned.drafted.sum())
+        accepted = []
+        for s, tr, a_k in zip(active, trs, admitted):
+            out = int(s.stats.new_tokens)
+            a = leading_run(tr.labels[out : out + a_k])
+            accepted.append(a)
+            if a_k:
+                s.stats.record_window(a_k, a)
+            if isinstance(estimator, ClassifierConfidence):
+                estimator.update(s, a_k, a)
+            s.stats.new_tokens += a + 1
+            run.tokens, run.drafted, run.accepted = run.tokens + a + 1, run.drafted + a_k, run.accepted + a
+        if online:
+            estimator.step(torch.tensor(accepted), counts, slots)
+        active = [s for s, tr in zip(active, trs) if s.stats.new_tokens < len(tr)]
+    return run
+
+
+def _stale_select(learned: LearnedBudget, budget_conf: torch.Tensor) -> torch.Tensor:
+    """vLLM's split of the step: B* from the stale confidences, the slots by the current ones."""
+    draft_cost = max(learned.positions, 1) * learned.position
+    b = draft_budget(budget_conf, learned.tables, learned.drafted, k=learned.k, draft_cost=draft_cost)
+    return admit(learned.conf, b, learned.drafted)

@@ -17,6 +17,7 @@ artifact's manifest is built by artifact.training_manifest. `train()` runs them 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -30,7 +31,16 @@ from disco.defaults import (
 from disco.errors import DiscoError
 from disco.features import FEATURES, TARGET_SIGNALS
 from disco.files import check_out_dir, write_dir
-from disco.fitting import classification_metrics, fit_head, fit_model, permutation_importance, platt
+from disco.fitting import (
+    calibration_report,
+    classification_metrics,
+    fit_head,
+    fit_model,
+    online_logistic,
+    online_proba,
+    permutation_importance,
+    platt,
+)
 from disco.settings import WINDOW, check_setting
 from disco.simulate import replay_policy, simulate_many
 from disco.train_data import (
@@ -42,7 +52,7 @@ from disco.train_data import (
     split_by_prompt,
     traces_for,
 )
-from disco.train_report import TrainReport
+from disco.train_report import RELIABILITY_PNG, TrainReport
 from disco.tuning import ablation, choose, choose_for_load, cross_task, per_task_table, policy_table, serving_levels
 
 # --- the whole command -------------------------------------------------------------------------
@@ -66,6 +76,7 @@ def train(cfg: TrainConfig) -> TrainReport:
     soft = data.rows["accept_prob"].to_numpy(np.float64) if labels == "soft" else None
     fitted = _fit(cfg, data, s, soft)
     models = fitted.models
+    calibration = _calibration(cfg, data, s, fitted)
 
     val_traces = traces_for(data, s.val_mask)
     table, tuned, learned = policy_table(val_traces, models, cost, cfg.max_window, cfg.progress)
@@ -91,6 +102,7 @@ def train(cfg: TrainConfig) -> TrainReport:
         choice,
         fitted.metrics,
         decoding,
+        calibration,
     )
     manifest = training_manifest(
         setting=threshold,
@@ -129,7 +141,14 @@ def train(cfg: TrainConfig) -> TrainReport:
     # The folder is replaced whole (no stale model file of another kind stays), or, when it cannot be
     # written, the finished artifact goes to a temporary folder that the error names.
     raw = fitted.raw[best.model_name]
-    write_dir(cfg.out, lambda tmp: save_artifact(tmp, raw, manifest, report.markdown()), "artifact")
+
+    def fill(tmp: Path) -> None:
+        from disco.plots import reliability_diagram
+
+        reliability_diagram(calibration, tmp / RELIABILITY_PNG)  # beside metrics.md; the manifest is written last
+        save_artifact(tmp, raw, manifest, report.markdown())
+
+    write_dir(cfg.out, fill, "artifact")
     return report
 
 
@@ -213,6 +232,26 @@ def _fit(cfg: TrainConfig, data: TraceData, s: _Split, soft: np.ndarray | None) 
     models = {name: Calibrated(m, platt(m.predict_proba(inputs[name][va]), y[va])) for name, m in raw.items()}
     metrics = {name: classification_metrics(y[va], m.predict_proba(inputs[name][va])) for name, m in models.items()}
     return _Fitted(raw, models, inputs, metrics)
+
+
+def _calibration(cfg: TrainConfig, data: TraceData, s: _Split, fitted: _Fitted) -> dict:
+    """Per-position calibration on the validation prompts (fitting.calibration_report): each of disco's models
+    as fitted (before) and Platt-scaled (after), and vLLM 0.32's online acceptance estimator fitted on the same
+    training rows (fitting.online_logistic), its coefficients under "online"."""
+    X, y, tr, va = s.X, s.y, s.tr, s.va
+    online = online_logistic(X[tr], y[tr], cfg.max_window)
+    raw = {f"disco {name}": m.predict_proba(fitted.inputs[name][va]) for name, m in fitted.raw.items()}
+    raw["vLLM online estimator"] = online_proba(online, X[va])
+    positions = X[va, FEATURES.index("window_pos")]
+    groups = data.rows["prompt_id"].to_numpy()[va]
+    report = calibration_report(raw, y[va], positions, groups, cfg.max_window, cfg.seed)
+    report["online"] = {
+        "slope": float(online.slope[0]),
+        "intercepts": online.intercepts.tolist(),
+        "rounds": online.refits,
+        "converged": online.converged,
+    }
+    return report
 
 
 def _arms(cfg: TrainConfig, data: TraceData, s: _Split, fitted: _Fitted, soft, val_traces, cost, learned, tuned, best):

@@ -25,6 +25,7 @@ class TrainReport:
     choice: dict = field(default_factory=dict)  # what `--policy classifier` runs (train.choose)
     model_metrics: dict = field(default_factory=dict)  # validation metrics of every fitted model
     decoding: str = "greedy decoding"  # what the traces decoded with, and the labels fitted
+    calibration: dict = field(default_factory=dict)  # fitting.calibration_report, with "online" coefficients
 
     def markdown(self) -> str:
         m = self.metrics
@@ -103,6 +104,7 @@ class TrainReport:
                 for r in self.cross_task
             ]
             lines += adding_table(self.cross_task)
+        lines += calibration_lines(self.calibration)
         if self.importance:
             lines += [
                 "",
@@ -169,3 +171,60 @@ def _serving_lines(choice: dict) -> list[str]:
     for label, ratios in serving["x_best_fixed_length"].items():
         lines.append(f"| {label} | " + " | ".join(f"{ratios[b]:.3f}x" for b in levels) + " |")
     return [*lines, ""]
+
+
+RELIABILITY_PNG = "reliability.png"  # the reliability diagram beside metrics.md (plots.reliability_diagram)
+
+
+def calibration_lines(cal: dict) -> list[str]:
+    """Markdown lines: per-position AUROC, Brier score and ECE before and after calibration of each model
+    (fitting.calibration_report), disco's and vLLM's online estimator fitted on the same training prompts."""
+    if not cal:
+        return []
+    f = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    online = cal.get("online")
+    how = (
+        "cross-fitted by prompt: each half of the validation prompts scaled by the Platt fit on the other half "
+        "(the shipped calibration is fitted on all of them)"
+        if cal["cross_fitted"]
+        else "fitted on these same rows (one validation prompt: no held-out half)"
+    )
+    lines = [
+        "",
+        f"Calibration per draft position on the validation prompts (their drafted rows at window positions 1-"
+        f"{cal['positions'][-2]}): P(accept) of the token at position j given the j - 1 before it accepted. "
+        f"AUROC; Brier score (mean squared error); ECE: expected calibration error over {cal['bins']} equal-width "
+        "bins of the predicted probability on [0, 1] (sum of each bin's share of rows x |accept rate - mean "
+        "prediction|). Before: the model as fitted on the training prompts; after: Platt scaling, " + how + ". "
+        f"Reliability diagram (all positions): {RELIABILITY_PNG}.",
+    ]
+    if online:
+        lines += [
+            "",
+            "vLLM online estimator: vLLM 0.32's acceptance_estimator.py (PR #52228), sigmoid(w logit(p_top1) + b_j), "
+            "fitted on the training prompts' drafted rows by its own damped Newton refit repeated to its fixed "
+            f"point ({online['rounds']} refits from its cold start w = 0.5, b = -0.2"
+            + (
+                ""
+                if online["converged"]
+                else "; not converged: a position with few rows moves slowly, one whose rows are all of one class has no finite fit"
+            )
+            + f"): w = {online['slope']:.3f}, "
+            "b_j = " + ", ".join(f"{b:.2f}" for b in online["intercepts"]) + ".",
+        ]
+    lines += [
+        "",
+        "| model | position | rows | accept rate | AUROC before | AUROC after | Brier before | Brier after "
+        "| ECE before | ECE after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, figs in cal["models"].items():
+        for key in cal["positions"]:
+            b, a = figs["before"][key], figs["after"][key]
+            if not b["rows"]:  # a position no validation window reached
+                continue
+            lines.append(
+                f"| {name} | {key} | {b['rows']} | {f(b['accept_rate'])} | {f(b['auroc'])} | {f(a['auroc'])} | "
+                f"{f(b['brier'])} | {f(a['brier'])} | {f(b['ece'])} | {f(a['ece'])} |"
+            )
+    return lines
