@@ -5,7 +5,7 @@ Each CLI command calls `check_options(command, locals())` first. Checked here:
 - every numeric option's range (settings.RANGES, under its flag: FLAGS), with one wording for all commands;
 - options that do not apply: an engine's option on the other engine (--verify, --draft-quant,
   --threads are llama.cpp's; --cache, --compile, --cpu-backend, --dtype are torch's;
-  --tensor-parallel-size and collect's --max-batch vLLM's) and --top-p
+  --tensor-parallel-size, compare's --concurrency and collect's and profile's --max-batch vLLM's) and --top-p
   under greedy decoding are REFUSED, in both directions alike (a silently ignored option is a
   silently wrong run: the user believes it took effect);
 - outputs (disco/files.py): the destination can be written and is the right kind of thing;
@@ -71,9 +71,12 @@ def check_options(command: str, options: dict[str, Any]) -> None:
     if spec is not None:
         o.update(vars(spec), policy=spec.name)
     check_ranges(command, o)
+    if command == "compare":  # a mistyped list fails before the pair loads
+        int_list(o["concurrency"], "--concurrency")
+        int_list(o["fixed_k"], "--fixed-k")
     engine = check_engine_options(o) if "engine" in o else None
-    if command == "collect" and engine is not None:
-        check_batching(o, engine)
+    if engine is not None:
+        check_batching(command, o, engine)
     if o.get("temperature", None) == 0 and o.get("top_p", 1.0) != 1.0:
         raise DiscoError(
             f"--top-p {o['top_p']:g} applies to sampling only and this run decodes greedily: drop --top-p, "
@@ -140,15 +143,40 @@ def check_engine_options(o: dict[str, Any]) -> str:
     return engine
 
 
-def check_batching(o: dict[str, Any], engine: str) -> None:
-    """collect --max-batch: only an engine that decodes by itself batches its continuations (disco's loop
-    decodes one prompt at a time)."""
-    from disco.defaults import DEFAULT_COLLECT_MAX_BATCH
+def int_list(text: str, flag: str) -> list[int]:
+    """A comma-separated list of positive whole numbers (compare's --concurrency, --fixed-k)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise DiscoError(f"{flag} {text!r}: give positive whole numbers, comma-separated (e.g. 1,8)")
+    return values
+
+
+def check_batching(command: str, o: dict[str, Any], engine: str) -> None:
+    """The options that size batches of requests run together apply only to an engine that decodes by itself
+    (EngineKind.serving: vLLM); disco's loop decodes one request at a time, so on the other engines they are
+    refused: compare's --concurrency (but its default, whose levels are vLLM's, and 1, which is what disco's loop
+    runs), collect's and profile's --max-batch (but their defaults)."""
+    from disco.defaults import DEFAULT_COLLECT_MAX_BATCH, DEFAULT_CONCURRENCY, DEFAULT_VLLM_MAX_SEQS
     from disco.engines.registry import ENGINE_KINDS
 
-    if o.get("max_batch", DEFAULT_COLLECT_MAX_BATCH) != DEFAULT_COLLECT_MAX_BATCH and not ENGINE_KINDS[engine].serving:
+    if ENGINE_KINDS[engine].serving:
+        return
+    if command == "compare":
+        levels = int_list(o["concurrency"], "--concurrency")
+        given = levels not in (int_list(DEFAULT_CONCURRENCY, "--concurrency"), [1])
+        shown = f"--concurrency {o['concurrency']}"
+    elif command in ("collect", "profile"):
+        default = DEFAULT_COLLECT_MAX_BATCH if command == "collect" else DEFAULT_VLLM_MAX_SEQS
+        given = o.get("max_batch", default) != default
+        shown = f"--max-batch {o.get('max_batch')}"
+    else:
+        return
+    if given:
         owner = next(name for name, kind in ENGINE_KINDS.items() if kind.serving)
-        raise _refuse(f"--max-batch {o['max_batch']}", owner, engine)
+        raise _refuse(shown, owner, engine)
 
 
 def check_gguf(path: Path, role: str = "model") -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from disco.checks import int_list
 from disco.defaults import DEFAULT_VLLM_PROPOSERS
 from disco.errors import DiscoError
 from disco.options import PairOptions
@@ -146,7 +147,7 @@ def compare(
         more_classifiers=classifiers[1:],
     )
     entries = select_entries(entries, policies)
-    levels, lengths = _int_list(concurrency, "--concurrency"), _int_list(fixed_k, "--fixed-k")
+    levels, lengths = int_list(concurrency, "--concurrency"), int_list(fixed_k, "--fixed-k")
     settings = {"fixed_k": [(k, "") for k in lengths], "proposers": chosen, "schedule": schedule}  # vLLM's rows
     result = run_compare(
         pair, items, entries, config, out, chat, seeds=seeds, concurrency=levels, settings=settings, load=load
@@ -184,16 +185,6 @@ def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
     if not schedule or schedule[0][0] != 1 or bad or max(k for _, _, k in schedule) < 1:
         raise DiscoError(f"--dynamic-schedule {text!r}: {hint}")
     return schedule
-
-
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise DiscoError(f"{flag} {text!r}: give positive whole numbers, comma-separated (e.g. 1,8)")
-    return values
 
 
 def collect(

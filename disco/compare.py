@@ -7,6 +7,11 @@ with per-prompt numbers, and PNG plots. The rows decode through the pair's runne
 disco's loop one prompt at a time; vLLM groups of prompts submitted together at each --concurrency
 level, each level's result in its own folder (docs/architecture.md, "Runners").
 
+The run measures its own noise: target-only decodes each group again after its other rows (each prompt's
+"target_again"), and rows that run exactly target-only's computation (a policy that never drafts) are timed
+like any row; how far these put the same computation from 1.00× is the run's drift (`measured_drift`), and the
+table marks the wall-clock speedups within it (≈) and says so under the table.
+
 Under sampling (temperature > 0) each prompt runs with several seeds (target-only first for each),
 speedups come with their spread over seeds, and outputs cannot be compared token by token: that
 the loop samples from the target's distribution is proved by the distribution tests
@@ -40,6 +45,10 @@ from disco.prompts import Prompt
 from disco.runner import TARGET_LABEL, runner_for
 
 __all__ = ["TARGET_LABEL", "Entry", "default_entries", "run_compare", "summarise"]
+
+AGAIN = "target_again"  # a prompt's key: target-only decoded again, after the prompt's other rows (the drift)
+AGAIN_LABEL = f"{TARGET_LABEL} again"  # its sample in the drift's record
+NEAR = "≈"  # the table's mark of a wall-clock speedup within the run's drift
 
 
 @dataclass
@@ -212,7 +221,7 @@ def run_compare(
     with partial.said_on_error(), contextlib.ExitStack() as stack:
         for row in rows:  # the engines' own decoding (servers) starts before any timing
             row.start(stack, progress)
-        total = len(levels) * len(prompts) * seeds * len(rows)
+        total = len(levels) * len(prompts) * seeds * (len(rows) + 1)  # + target-only again
         bar = tqdm(total=total, desc="compare", unit="run", disable=not progress)
         stack.callback(bar.close)  # an error's line then starts a line of its own
         for c in levels:
@@ -248,6 +257,11 @@ def run_compare(
                             cost = costs.setdefault(row.label, [0.0, 0.0, 0])
                             cost[0], cost[1] = cost[0] + row.costs[0], cost[1] + row.costs[1]
                             cost[2] += sum(d["runs"][row.label]["draft_forwards"] for d in done)
+                    # target-only once more, last: the same computation as the first, apart by the run's drift
+                    bar.set_postfix_str(f"c={c}: {prompts[start].id}: {AGAIN_LABEL}")
+                    for d, second, first in zip(done, ref_row.decode(group_ids, cfg, None, c), refs):
+                        d[AGAIN] = _again(second, first)
+                    bar.update(len(group))
                     for d in done:
                         per_prompt.append(d)
                         partial.add(d)
@@ -286,8 +300,10 @@ def _result(
     per_prompt: list[dict],
     costs: dict[str, list[float]],
 ) -> dict:
-    """One level's compare result: the rows summarised over the prompts (and by task), the prompts' runs."""
-    summary, by_task = summarise([TARGET_LABEL, *(r.label for r in others)], per_prompt)
+    """One level's compare result: the rows summarised over the prompts (and by task), the run's drift, the
+    prompts' runs."""
+    anchors = [r.label for r in others if r.anchor]
+    summary, by_task = summarise([TARGET_LABEL, *(r.label for r in others)], per_prompt, anchors)
     for label, (decide_s, forward_s, drafts) in costs.items():  # the proposer's time per draft token
         n = max(drafts, 1)
         summary[label]["decide_ms_per_draft"] = 1000 * decide_s / n
@@ -300,7 +316,9 @@ def _result(
         "seeds": seeds,
         **({"concurrency": c} if by_level else {"compile_s": compile_s}),
         "reference": reference,
-        "anchors": [r.label for r in others if r.anchor],
+        "anchors": anchors,
+        # the run's drift: what separated runs of the same computation (None: nothing measured it)
+        "drift": summary[TARGET_LABEL].get("drift"),
         "summary": summary,
         "summary_by_task": by_task,
         "prompts": per_prompt,
@@ -394,6 +412,17 @@ def target_logprob(pair: Pair, prompt_ids: list[int], tokens: list[int], config:
     return float(p.gather(-1, ids[len(prompt_ids) :, None])[:, 0].clamp_min(1e-30).log().sum())
 
 
+def _again(res: GenResult, ref: GenResult) -> dict:
+    """Target-only's second run of a prompt: its time, and its speedup over the first (the drift between them)."""
+    s = res.stats
+    return {
+        "wall_s": s.wall_s,
+        "new_tokens": s.new_tokens,
+        "speedup": _per_token_speedup(ref.stats.wall_s, ref.stats.new_tokens, s.wall_s, s.new_tokens),
+        "same_output": res.tokens == ref.tokens,
+    }
+
+
 def _per_token_speedup(base_s: float, base_tokens: int, s: float, tokens: int) -> float:
     """Target-only time per token over the policy's: under sampling their outputs (and lengths) differ,
     so whole-run times do not compare; under greedy decoding the lengths are equal and this is their ratio."""
@@ -408,15 +437,69 @@ def _first_mismatch(tokens: list[int], ref: list[int]) -> int | None:
     return None if len(tokens) == len(ref) else min(len(tokens), len(ref))
 
 
-def summarise(labels: Sequence[str], per_prompt: list[dict]) -> tuple[dict, dict]:
+def summarise(labels: Sequence[str], per_prompt: list[dict], anchors: Sequence[str] = ()) -> tuple[dict, dict]:
     """(summary, summary by task): every row pooled over all prompts, and over each task's prompts
-    ({task: {label: summary}}, tasks in the order they first come, e.g. MT-Bench's categories)."""
+    ({task: {label: summary}}, tasks in the order they first come, e.g. MT-Bench's categories). The pooled
+    summary also holds the run's drift (measured_drift; anchors: rows of another engine's loop, never the same
+    computation as target-only): target-only's "drift", and each other row's "within_drift" (whether its pooled
+    speedup is no further from 1.00× than the drift)."""
     summary = {label: _summarise(label, per_prompt) for label in labels}
+    drift = measured_drift(per_prompt, summary, anchors) if TARGET_LABEL in summary else None
+    if drift is not None:
+        summary[TARGET_LABEL]["drift"] = drift
+        for label, s in summary.items():
+            if label != TARGET_LABEL:
+                s["within_drift"] = abs(s["speedup"] - 1) <= drift["drift"]
     by_task = {
         task: {label: _summarise(label, [p for p in per_prompt if p["task"] == task]) for label in labels}
         for task in dict.fromkeys(p["task"] for p in per_prompt)
     }
     return summary, by_task
+
+
+def _same_computation(run: dict, base: dict) -> bool:
+    """Whether a row's run did exactly what target-only's did: no draft forward, the same target forwards for the
+    same tokens (a policy that never drafts), both counted (not vLLM's or a server's rows, whose forwards are not)."""
+    known = run.get("forwards_known", True) and base.get("forwards_known", True)
+    same = run["draft_forwards"] == 0 and (run["target_forwards"], run["new_tokens"]) == (
+        base["target_forwards"],
+        base["new_tokens"],
+    )
+    return bool(known and same and base["target_forwards"] > 0)
+
+
+def measured_drift(per_prompt: list[dict], summary: dict, anchors: Sequence[str] = ()) -> dict | None:
+    """How far the run's wall clock put runs of the same computation apart: target-only decoded again after each
+    prompt's other rows (the prompts' AGAIN; its pooled time per token over the first run's), and each row whose
+    every run did exactly what target-only did (_same_computation: a policy that never drafts; anchors excepted),
+    as pooled speedups over target-only. drift: the largest distance of one of them from 1.00×; a row's speedup
+    no further from 1.00× than that (or from another row's) is not told apart from it by this run.
+    None where nothing measured it (prompts recorded before target-only ran twice, and no row that never drafts)."""
+    if not per_prompt:
+        return None
+    samples: dict[str, float] = {}
+    base = [p["runs"][TARGET_LABEL] for p in per_prompt]
+    again = [p.get(AGAIN) for p in per_prompt]
+    if all(again):
+        samples[AGAIN_LABEL] = _per_token_speedup(
+            sum(b["wall_s"] for b in base),
+            sum(b["new_tokens"] for b in base),
+            sum(a["wall_s"] for a in again),
+            sum(a["new_tokens"] for a in again),
+        )
+    for label, s in summary.items():
+        if label == TARGET_LABEL or label in anchors:
+            continue
+        if all(_same_computation(p["runs"][label], b) for p, b in zip(per_prompt, base)):
+            samples[label] = s["speedup"]
+    if not samples:
+        return None
+    return {
+        "drift": max(abs(v - 1) for v in samples.values()),
+        "samples": samples,  # {what ran target-only's computation: its pooled speedup over target-only}
+        "measured_by": "target-only decoded again after each prompt's other rows, and the rows that never draft "
+        "(the same forwards as target-only), timed like every row",
+    }
 
 
 def _summarise(label: str, per_prompt: list[dict]) -> dict:
@@ -526,12 +609,32 @@ def format_table(summary: dict) -> str:
             )
         seeds = f" {spread(s['speedup_by_seed'])} |" if sampled else ""
         pad = f" {s.get('padded_per_token', 0.0):.2f} |" if padded else ""
+        near = NEAR if s.get("within_drift") else ""
         lines.append(
-            f"| {label} | {s['speedup']:.2f}× |{seeds} {s['speedup_median']:.2f} ({s['speedup_min']:.2f}–{s['speedup_max']:.2f}) "
+            f"| {label} | {near}{s['speedup']:.2f}× |{seeds} {s['speedup_median']:.2f} ({s['speedup_min']:.2f}–{s['speedup_max']:.2f}) "
             f"| {s['tokens_per_s']:.2f} | {fmt(s['target_forwards_per_token'], '.3f')} "
             f"| {fmt(s['draft_forwards_per_token'], '.3f')} | {fmt(s['mean_accepted_window'], '.2f')} | {rate} |{pad} {end} |"
         )
+    drift = summary.get(TARGET_LABEL, {}).get("drift")  # target-only's row holds the run's drift
+    if drift is not None:
+        lines += ["", drift_note(drift)]
     return "\n".join(lines)
+
+
+def drift_note(drift: dict) -> str:
+    """The line under the table: what ≈ marks, the run's drift and how it was measured."""
+    measured = "; ".join(
+        f"{TARGET_LABEL}-only again, after each prompt's other rows, {v:.2f}×"
+        if label == AGAIN_LABEL
+        else f"{label}, a row that never drafts, {v:.2f}×"
+        for label, v in drift["samples"].items()
+    )
+    return (
+        f"{NEAR}: within ±{100 * drift['drift']:.1f}% of 1.00× ({1 - drift['drift']:.2f}×–{1 + drift['drift']:.2f}×), "
+        "this run's drift (the widest gap between runs of "
+        f"target-only's own computation: {measured}): not faster or slower than target-only beyond this run's "
+        "noise; rows closer than that to each other are not told apart either."
+    )
 
 
 def format_task_table(by_task: dict, summary: dict) -> str:

@@ -178,3 +178,43 @@ def test_compare_refuses_a_bad_dynamic_schedule_before_loading(capsys, schedule)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --dynamic-schedule {schedule!r}")
     assert "[[first, last batch size, k], ...]" in lines[0]
+
+
+def test_compare_refuses_concurrency_on_an_engine_that_decodes_one_at_a_time(folders, tmp_path, capsys):
+    """--concurrency sizes groups of requests decoded together: disco's loop (torch, llama.cpp) decodes one at a
+    time, so a level other than its default or 1 is refused in one line before anything loads or is written."""
+    t, d, _ = folders
+    out = tmp_path / "o"
+    base = ["compare", "--target", t, "--draft", d, "--engine", "torch", "--prompts", "code-test", "--out", out]
+    code, stdout, err = cli(capsys, *base, "--concurrency", "8")
+    assert code == 2 and "Traceback" not in err and "loading the pair" not in err and not stdout
+    assert err.strip().splitlines() == [
+        "error: --concurrency 8 applies to the vllm engine only, and this run uses torch: drop --concurrency, "
+        "or add --engine vllm"
+    ]
+    assert not out.exists() and not list(tmp_path.iterdir())
+    code, _, err = cli(capsys, *base, "--concurrency", "1,x")  # a mistyped list: on every engine, before loading
+    assert code == 2 and err.strip().splitlines() == [
+        "error: --concurrency '1,x': give positive whole numbers, comma-separated (e.g. 1,8)"
+    ]
+
+
+def test_batching_options_apply_to_the_engine_that_batches():
+    """compare's default --concurrency (vLLM's levels) and 1 run on every engine; --max-batch (collect's, profile's)
+    other than its default only on vLLM."""
+    from disco.checks import check_batching
+    from disco.defaults import DEFAULT_CONCURRENCY
+    from disco.errors import DiscoError
+
+    for engine in ("torch", "llama.cpp", "vllm"):
+        for levels in (DEFAULT_CONCURRENCY, "1"):
+            check_batching("compare", {"concurrency": levels}, engine)
+    check_batching("compare", {"concurrency": "1,2,4,8"}, "vllm")
+    check_batching("profile", {"max_batch": 16}, "vllm")
+    for command, option, line in [
+        ("compare", {"concurrency": "2,8"}, "--concurrency 2,8 applies to the vllm engine only"),
+        ("profile", {"max_batch": 16}, "--max-batch 16 applies to the vllm engine only"),
+        ("collect", {"max_batch": 4}, "--max-batch 4 applies to the vllm engine only"),
+    ]:
+        with pytest.raises(DiscoError, match=line):
+            check_batching(command, option, "llama.cpp")

@@ -26,8 +26,10 @@ def test_compare_tiny(tmp_path):
     assert all(s["lossless"] for s in result["summary"].values()), result["summary"]
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert len(saved["prompts"]) == 3 and all(set(p["runs"]) == set(labels) for p in saved["prompts"])
+    # target-only ran again after each prompt's rows, with the same output: the run's drift, under the table
+    assert all(p["target_again"]["same_output"] for p in saved["prompts"]) and saved["drift"]["drift"] >= 0
     table = (tmp_path / "table.md").read_text().splitlines()
-    assert len(table) == 2 + len(labels)
+    assert len(table) == 2 + len(labels) + 2 and table[-2] == "" and table[-1].startswith("≈: within ±")
     for name in ("windows_vs_oracle.png", "window_histograms.png", "speedup.png"):
         assert (tmp_path / name).stat().st_size > 1000
     # the oracle never drafts more than it gets accepted plus the one mismatching token
@@ -52,7 +54,7 @@ def test_compare_shows_the_padding_of_captured_steps(tmp_path):
     assert summary[TARGET_LABEL]["padded_per_token"] == 0  # one-token steps fill bucket 1 exactly
     # k = 3 verifies 4 tokens (bucket 4) but for the budget's last, shorter windows; k = 5 verifies 6: padded to 8
     assert 0 < summary["constant k=3 (tuned)"]["padded_per_token"] < summary["constant k=5"]["padded_per_token"]
-    table = (tmp_path / "table.md").read_text().splitlines()
+    table = [line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("|")]
     assert "padding/tok" in table[0] and all(line.count("|") == table[0].count("|") for line in table)
 
 
@@ -160,3 +162,93 @@ def test_compare_sampled_runs_seeds_and_reports_log_probs(tmp_path):
     with pytest.raises(DiscoError, match="--seeds 2: give 1, or more with --temperature > 0"):
         run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=12), tmp_path, progress=False, seeds=2)
     assert target_logprob(pair, ids, [], config) == 0.0
+
+
+def _run(wall: float, target_forwards: int, draft_forwards: int, tokens: int = 10, **more) -> dict:
+    """One run's record as compare writes it (greedy, lossless)."""
+    return {
+        "new_tokens": tokens,
+        "wall_s": wall,
+        "target_forwards": target_forwards,
+        "draft_forwards": draft_forwards,
+        "windows": [],
+        "accepted_per_window": [],
+        "drafted": draft_forwards,
+        "accepted": 0,
+        "speedup": 0.0,
+        "forwards_known": True,
+        "lossless": True,
+        **more,
+    }
+
+
+def test_wall_clock_within_the_runs_drift_is_marked():
+    """The run's drift is the widest gap between runs of target-only's own computation (target-only again after
+    each prompt's rows; a row that never drafts: no draft forward, target-only's target forwards); a speedup
+    within it is marked ≈ and one far outside is not; the line under the table says what the drift was and how
+    it was measured. Anchors (another engine's loop) and rows whose forwards are not counted never measure it."""
+    from disco.compare import AGAIN, format_table, summarise
+
+    per_prompt = [
+        {
+            "id": f"p{i}",
+            "task": "t",
+            "runs": {
+                TARGET_LABEL: _run(1.0, 10, 0),
+                "never drafts": _run(1.04, 10, 0),  # target-only's computation, 4% slower: the drift
+                "close": _run(0.98, 6, 8),  # drafts; 2% faster: within the drift
+                "fast": _run(0.5, 4, 12),  # 2x: far outside
+                "server": _run(0.8, 10, 0),  # an anchor: other code, whatever its counts
+                "vllm row": _run(0.7, 10, 0, forwards_known=False),  # counts not known: not the same computation
+            },
+            AGAIN: {"wall_s": 0.99, "new_tokens": 10, "speedup": 1 / 0.99, "same_output": True},
+        }
+        for i in range(2)
+    ]
+    summary, _ = summarise(list(per_prompt[0]["runs"]), per_prompt, anchors=["server"])
+    drift = summary[TARGET_LABEL]["drift"]
+    assert set(drift["samples"]) == {"target again", "never drafts"}
+    assert drift["drift"] == pytest.approx(1 - 1 / 1.04)
+    assert drift["samples"]["target again"] == pytest.approx(1 / 0.99)
+    marked = {label for label, s in summary.items() if s.get("within_drift")}
+    assert marked == {"never drafts", "close"}
+    lines = format_table(summary).splitlines()
+    row = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and "policy" not in line}
+    assert "| ≈0.96× |" in row["never drafts"] and "| ≈1.02× |" in row["close"]
+    assert "| 2.00× |" in row["fast"] and "≈" not in row["fast"] + row["server"] + row[TARGET_LABEL]
+    assert lines[-2] == "" and lines[-1] == (
+        "≈: within ±3.8% of 1.00× (0.96×–1.04×), this run's drift (the widest gap between runs of target-only's "
+        "own computation: target-only again, after each prompt's other rows, 1.01×; never drafts, a row that never "
+        "drafts, 0.96×): not faster or slower than target-only beyond this run's noise; rows closer than that to "
+        "each other are not told apart either."
+    )
+    # a record without target-only's second run (an older compare.json) and no such row: no drift, no marks
+    old = [{**p, "runs": {k: p["runs"][k] for k in (TARGET_LABEL, "fast")}} for p in per_prompt]
+    for p in old:
+        del p[AGAIN]
+    summary, _ = summarise([TARGET_LABEL, "fast"], old)
+    assert "drift" not in summary[TARGET_LABEL] and "within_drift" not in summary["fast"]
+    assert "≈" not in format_table(summary)
+
+
+def test_compare_measures_its_drift_from_rows_that_never_draft(tmp_path):
+    """A live run: a policy that never drafts (here the target policy through disco's loop) runs target-only's
+    forwards and measures the drift beside target-only's second run; compare.json records it, each row's mark
+    follows it, and table.md says it under the table."""
+    from disco.compare import Entry
+    from disco.policy_registry import PolicySpec
+
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    pair = pair_from_models(target, draft, char_tokenizer())
+    prompts = [Prompt(f"p{i}", "t", f"def f{i}(x): return") for i in range(2)]
+    entries = [Entry("never", PolicySpec("target")), Entry("constant k=5", PolicySpec("constant", k=5))]
+    result = run_compare(pair, prompts, entries, DecodeConfig(max_new_tokens=12), tmp_path, progress=False, plots=False)
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    drift = saved["drift"]
+    assert set(drift["samples"]) == {"target again", "never"} and drift == result["drift"]
+    assert drift["drift"] == pytest.approx(max(abs(v - 1) for v in drift["samples"].values()))
+    for label, s in saved["summary"].items():
+        if label != TARGET_LABEL:
+            assert s["within_drift"] == (abs(s["speedup"] - 1) <= drift["drift"]), label
+    assert saved["summary"]["never"]["within_drift"]  # the drift's own sample
+    assert (tmp_path / "table.md").read_text().splitlines()[-1].startswith("≈: within ±")

@@ -385,7 +385,33 @@ def test_serving_compare_rows_and_counts(pair, tmp_path):
             assert summary[row]["decide_ms_per_draft"] >= 0
     saved = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert set(saved["concurrency"]) == {"1", "3"}
+    # every instance runs as many requests at once, sized once for the compare (instance_seqs)
+    built = pair.target_engine._llms.values()
+    assert {llm.llm_engine.engine_core.engine_core.scheduler.scheduler_config.max_num_seqs for llm in built} == {8}
+    # target-only ran again after each group: the run's drift, measured on vLLM too
+    assert set(saved["concurrency"]["3"]["drift"]["samples"]) == {"target again"}
     assert (tmp_path / "out" / "c3" / "table.md").is_file()
+
+
+def test_one_rule_sizes_every_vllm_instance(folders):
+    """vLLM's max_num_seqs comes from one rule (instance_seqs): a --max-batch as given, else the most requests
+    submitted together and DEFAULT_VLLM_MAX_SEQS at least; a command's size (compare's levels, collect's and
+    profile's --max-batch) holds for every instance it builds, whatever a group later wishes."""
+    from disco.defaults import DEFAULT_VLLM_MAX_SEQS
+    from disco.vllm.engine import VllmTarget, instance_seqs
+
+    assert instance_seqs() == instance_seqs((1,)) == instance_seqs((1, DEFAULT_VLLM_MAX_SEQS)) == DEFAULT_VLLM_MAX_SEQS
+    assert instance_seqs((1, 16)) == 16 and instance_seqs((16,), max_batch=4) == instance_seqs(max_batch=4) == 4
+    target = VllmTarget(folders[0], None, "float32", 64)
+    assert target.max_num_seqs is None  # llm() then builds with instance_seqs()
+    target.size(instance_seqs((3,)), fixed=False)  # a group's wish
+    target.size(instance_seqs((16,)), fixed=False)
+    assert target.max_num_seqs == 16  # wishes grow it
+    target.size(instance_seqs((1, 3)))  # compare --concurrency 1,3
+    target.size(instance_seqs((32,)), fixed=False)
+    assert target.max_num_seqs == DEFAULT_VLLM_MAX_SEQS  # fixed: every level's instance alike
+    target.size(instance_seqs(max_batch=4))  # collect --max-batch 4
+    assert target.max_num_seqs == 4
 
 
 def test_the_shared_draft_instance_runs_each_rows_lengths(pair):

@@ -120,6 +120,16 @@ class SpecConfig:
         return config
 
 
+def instance_seqs(together: Collection[int] = (), max_batch: int | None = None) -> int:
+    """vLLM's max_num_seqs for a command's instances (the most requests each runs at once), the one rule for every
+    command: a --max-batch as given (collect's, profile's: the bound they run or time under); else the most
+    requests the command submits together (compare's highest --concurrency level, a prompt set decoded together),
+    and DEFAULT_VLLM_MAX_SEQS at least (the first-turn answers decode that many together, on the same instances)."""
+    if max_batch is not None:
+        return max_batch
+    return max([DEFAULT_VLLM_MAX_SEQS, *together])
+
+
 class VllmTarget:
     """The target of a `--engine vllm` pair: a folder vLLM loads, and the vLLM instances that decode it."""
 
@@ -137,9 +147,10 @@ class VllmTarget:
     ) -> None:
         self.folder, self.draft_folder, self.dtype = folder, draft_folder, dtype
         self.max_model_len, self.kv_gib, self.tensor_parallel_size = max_model_len, kv_gib, tensor_parallel_size
-        # set: every instance runs at most this many requests at once, whoever asks first (collect --max-batch);
-        # None: as the first caller asks
+        # every instance built from now on runs at most this many requests at once (size(); instance_seqs); fixed: a
+        # command's bound (compare's levels, collect's and profile's --max-batch), which no later wish changes
         self.max_num_seqs: int | None = None
+        self._fixed = False
         self.instances = 1  # the instances this command will build (plan): on a GPU each takes its share of memory
         self._config = load_config(str(folder))
         self._llms: dict[SpecConfig, Any] = {}  # by the SpecConfig each was built for
@@ -148,14 +159,27 @@ class VllmTarget:
 
     # --- the vLLM instances -------------------------------------------------------------------
 
-    def llm(self, spec: SpecConfig, max_num_seqs: int = DEFAULT_VLLM_MAX_SEQS):
-        """The vLLM instance for `spec` (built once: a target load takes ~15 s here; max_num_seqs: the most
-        requests it runs at once, as first asked), warmed up by one short untimed request."""
+    def size(self, seqs: int, fixed: bool = True) -> None:
+        """Every instance built from now on runs at most `seqs` requests at once (vLLM's max_num_seqs, from
+        instance_seqs). fixed: a command's bound (compare's --concurrency levels, collect's and profile's
+        --max-batch), kept whatever is asked later; else a wish (a group about to be submitted together) that
+        grows the size while no command has fixed it. An instance already built keeps its size."""
+        if fixed:
+            self.max_num_seqs, self._fixed = seqs, True
+        elif not self._fixed:
+            self.max_num_seqs = max(self.max_num_seqs or 0, seqs)
+
+    def llm(self, spec: SpecConfig, max_num_seqs: int | None = None):
+        """The vLLM instance for `spec` (built once: a target load takes ~15 s here; it runs at most the requests
+        size() set at once, instance_seqs()'s default if none; max_num_seqs: a wish passed to size(), for scripts),
+        warmed up by one short untimed request."""
+        if max_num_seqs is not None:
+            self.size(max_num_seqs, fixed=False)
         if spec not in self._llms:
             vllm = vllm_module()
             _check_no_launch_group()
             _in_process()
-            max_num_seqs = self.max_num_seqs or max_num_seqs
+            max_num_seqs = self.max_num_seqs or instance_seqs()
             # on CPUs vLLM reserves this much host RAM for each instance's KV cache
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.kv_gib:g}")
             disco_draft = spec.method == DISCO_DRAFT
@@ -195,8 +219,8 @@ class VllmTarget:
             self._llms[spec].generate(warm, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
         return self._llms[spec]
 
-    def proposer(self, spec: SpecConfig, max_num_seqs: int = DEFAULT_VLLM_MAX_SEQS):
-        """The proposer of the DISCO_DRAFT instance for `spec` (built on first use)."""
+    def proposer(self, spec: SpecConfig, max_num_seqs: int | None = None):
+        """The proposer of the DISCO_DRAFT instance for `spec` (built on first use; max_num_seqs: as llm's)."""
         self.llm(spec, max_num_seqs)
         return self._proposers[spec]
 
@@ -242,11 +266,14 @@ class VllmTarget:
     def generate_requests(
         self, spec: SpecConfig, prompts: list[list[int]], max_new_tokens: int, eos: Collection[int], concurrency: int
     ) -> tuple[list[list[int]], list[str], float]:
-        """generate_batch, with vLLM's id of each request (a proposer's per-request counts are keyed by it)."""
+        """generate_batch, with vLLM's id of each request (a proposer's per-request counts are keyed by it).
+        concurrency: the requests submitted together, which an instance not yet built (and not sized by the
+        command) is sized to run at once."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        llm = self.llm(spec, max(concurrency, DEFAULT_VLLM_MAX_SEQS))
+        self.size(instance_seqs((concurrency,)), fixed=False)
+        llm = self.llm(spec)
         params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=sorted(eos))
         # every run pays its prompts' prefill, as in a fresh server: compare runs the same prompts row after row
         # on one instance, and a prompt cached by an earlier row would make a later one look cheap (prefill

@@ -34,6 +34,7 @@ from disco.vllm.engine import (
     SpecConfig,
     VllmTarget,
     check_device,
+    instance_seqs,
     load_pair,
     prepare_embedded,
 )
@@ -80,7 +81,8 @@ class VllmRunner:
         else:  # a GGUF draft (vLLM loads none on CPUs), or a policy without a batched form: the side-engine proposer
             row = ServingRow(spec.name, SpecConfig("custom_class", config.max_window, PROPOSER), spec)
         together = concurrency or max(len(prompts), 1)
-        proposer = _proposer(target, row, max(together, DEFAULT_VLLM_MAX_SEQS), self.load)
+        target.size(instance_seqs((together,)), fixed=False)  # before _proposer builds the instance
+        proposer = _proposer(target, row, self.load)
         return self._groups(row, proposer, list(prompts), config, together)
 
     def _groups(self, row: ServingRow, proposer: Proposer | None, prompts: list[list[int]], config: Any, together: int):
@@ -101,8 +103,10 @@ class VllmRunner:
         rows = serving_rows(self.pair, entries, config.max_window, settings)
         if len(rows) < 2:
             raise DiscoError("no row to run beside vLLM target-only: choose rows with --policies")
-        self.pair.target_engine.plan([row.spec for row in rows])
-        return [VllmRow(self, row, max_concurrency) for row in rows]
+        target = self.pair.target_engine
+        target.plan([row.spec for row in rows])
+        target.size(instance_seqs((max_concurrency,)))  # every row's instance alike, whichever level builds it
+        return [VllmRow(self, row) for row in rows]
 
     def profile(self, max_window: int, context: int, repeats: int, warmup: int, max_batch: int) -> dict:
         """vLLM's step cost by the tokens in a step, requests x (window + 1) (profile_load; repeats and warmup are
@@ -115,8 +119,8 @@ class VllmRow:
 
     forwards_known = False  # vLLM's target forwards are its steps, not counted per request
 
-    def __init__(self, runner: VllmRunner, row: ServingRow, max_concurrency: int) -> None:
-        self.runner, self.row, self.max_concurrency = runner, row, max_concurrency
+    def __init__(self, runner: VllmRunner, row: ServingRow) -> None:
+        self.runner, self.row = runner, row
         self.label = row.label
         self.anchor = row.policy is None  # vLLM's own decoding
         self.costs: tuple[float, float] | None = None
@@ -129,7 +133,7 @@ class VllmRow:
     ) -> list[GenResult]:
         pair = self.runner.pair
         self.runner.share()
-        proposer = _proposer(pair.target_engine, self.row, self.max_concurrency, self.runner.load)
+        proposer = _proposer(pair.target_engine, self.row, self.runner.load)
         results, request_ids, wall = self.row.generate(
             pair.target_engine, prompts, config.max_new_tokens, pair.eos_token_ids, concurrency
         )
@@ -160,7 +164,7 @@ def serving_rows(pair: Any, entries: Sequence[Any], max_window: int, settings: d
     return rows
 
 
-def _proposer(target: VllmTarget, row: ServingRow, max_seqs: int, profiles: LoadProfiles | None) -> Proposer | None:
+def _proposer(target: VllmTarget, row: ServingRow, profiles: LoadProfiles | None) -> Proposer | None:
     """disco's proposer for `row` (None: one of vLLM's own rows), built once, set to the row's policy and its own
     load profile: the one on vLLM's draft (draft.DiscoDraftProposer; on the shared draft instance also
     vLLM's own rows, policy None, each row at its own lengths by batch size) or the side-engine one
@@ -169,13 +173,13 @@ def _proposer(target: VllmTarget, row: ServingRow, max_seqs: int, profiles: Load
     chosen = profiles is not None and row.policy is not None  # (vLLM's own rows decide nothing)
     load = profiles.choose(VLLM_DRAFT if on_vllm_draft else SIDE_ENGINE) if chosen else None
     if on_vllm_draft:
-        proposer = target.proposer(row.spec, max_seqs)
+        proposer = target.proposer(row.spec)
         proposer.set_policy(row.policy, load)
         target.set_lengths(row.spec, row.lengths)
         return proposer if row.policy is not None else None
     if row.policy is None:
         return None
-    target.llm(row.spec, max_seqs)  # built once; its proposer registers itself in PROCESS.side
+    target.llm(row.spec)  # built once; its proposer registers itself in PROCESS.side
     proposer = PROCESS.side.proposer
     assert proposer is not None
     proposer.set_policy(row.policy, load)
@@ -232,12 +236,13 @@ def profile_load(
     SHARED = PROCESS.side
     SHARED.pair, SHARED.load, SHARED.keep_stats = pair, None, True
     on_vllm_draft = target.draft_folder is not None
+    target.size(instance_seqs(max_batch=max_batch))
     if on_vllm_draft:
         spec = SpecConfig(DISCO_DRAFT, max_window, str(target.draft_folder))
-        llm, proposer = target.llm(spec, max_batch), target.proposer(spec, max_batch)
+        llm, proposer = target.llm(spec), target.proposer(spec)
     else:
         spec = SpecConfig("custom_class", max_window, PROPOSER)
-        llm, proposer = target.llm(spec, max_batch), SHARED.proposer
+        llm, proposer = target.llm(spec), SHARED.proposer
     assert proposer is not None
     marks: list[tuple[float, float]] = []  # (entry, exit) of every propose() call
     inner = proposer.propose
@@ -328,7 +333,7 @@ class VllmContinuations:
     def __init__(self, pair: Any, config: Any, max_batch: int) -> None:
         target: VllmTarget = pair.target_engine
         self.target, self.max_batch = target, max_batch
-        target.max_num_seqs = max_batch  # the instance (built on first use) runs at most this many at once
+        target.size(instance_seqs(max_batch=max_batch))  # the instance (built on first use) runs this many at once
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # GPUs: untested (no GPU lent)
         dtype = torch.bfloat16 if target.dtype == "bfloat16" else torch.float32
         if target.draft_folder is not None:
@@ -359,7 +364,7 @@ class VllmContinuations:
         self, prompts: Sequence[list[int]], configs: Sequence[Any]
     ) -> Generator[tuple[int, Continuation], None, None]:
         # the instance starts (once) here, before the collector asks for the first continuation: not timed as generation
-        return self._stream(self.target.llm(SpecConfig(), self.max_batch), prompts, configs)
+        return self._stream(self.target.llm(SpecConfig()), prompts, configs)
 
     def _stream(
         self, llm: Any, prompts: Sequence[list[int]], configs: Sequence[Any]
