@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from disco import shipped
 from disco.artifact_models import Calibrated, Calibration, DenseModel, JoblibModel, LightGBMModel, Model
 from disco.cost import CostModel
 from disco.errors import DiscoError
@@ -383,8 +384,9 @@ def engine_label(pair_info: dict) -> str:
 
 def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False) -> Artifact:
     """Load and check an artifact folder. expect_pair: a Pair (or its describe() dict) the
-    classifier must have been trained for. Pickled models need trust_pickle=True."""
-    path = Path(path)
+    classifier must have been trained for. Pickled models need trust_pickle=True. A path that does not
+    exist may name a shipped classifier (embedded-qwen2.5-coder, models/embedded-qwen2.5-coder)."""
+    path = shipped.find_classifier(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from disco.checks import check_options, flag_message
-from disco.cli_options import CHAT_OPTION, ENGINE_OPTION, MT_BENCH_HELP, decode_options, pair_options, policy_options
+from disco.cli_options import (
+    CHAT_OPTION,
+    ENGINE_OPTION,
+    MT_BENCH_HELP,
+    decode_options,
+    pair_options,
+    policy_options,
+    shipped_classifier,
+)
 from disco.defaults import (
     DEFAULT_ABLATE,
     DEFAULT_ANCHOR,
@@ -112,7 +120,8 @@ def compare(
     overwrite: bool = typer.Option(False, help="Replace --out whole when it is not empty."),
     classifier: Optional[list[str]] = typer.Option(
         None,
-        help="Trained classifier artifact folder (adds the classifier "
+        callback=shipped_classifier,
+        help="Trained classifier artifact folder, or a shipped one by name (adds the classifier "
         "policy and the baselines tuned with it). Repeat to add more artifacts as "
         "rows 'classifier (FOLDER NAME)', e.g. the greedy-trained one when sampling.",
     ),

@@ -93,6 +93,24 @@ def _option_group(placeholder: str, options: dict[str, tuple[Any, Any]], build: 
     return decorate
 
 
+# --classifier and --pair: a path of the user's that exists, else a shipped artifact or pair file by name or by its
+# checkout path (models/embedded-qwen2.5-coder, configs/pairs/opt.yaml), from any folder (disco/shipped.py)
+def shipped_classifier(value: Any) -> Any:
+    from disco import shipped
+
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [str(shipped.find_classifier(v)) for v in value]
+    return str(shipped.find_classifier(value))
+
+
+def shipped_pair_file(value: Path | None) -> Path | None:
+    from disco import shipped
+
+    return None if value is None else shipped.find_pair_file(value)
+
+
 # the MT-Bench prompt sets (prompts.load_mt_bench_prompts), in every command's --prompts help
 MT_BENCH_HELP = (
     f"{MT_BENCH_NAMES[0]}[:CATEGORY+…][:{'|'.join(MT_BENCH_SPLITS)}] (MT-Bench's first turns; CATEGORY: "
@@ -124,8 +142,9 @@ _PAIR_OPTIONS: dict[str, tuple[Any, Any]] = {
         typer.Option(
             None,
             "--pair",
-            help="A pair file, e.g. configs/pairs/opt.yaml (target, draft, dtype, chat); --target, "
-            "--draft, --dtype other than auto and --chat/--no-chat override it.",
+            callback=shipped_pair_file,
+            help="A pair file, e.g. configs/pairs/opt.yaml, or a shipped one by name (opt) (target, draft, dtype, "
+            "chat); --target, --draft, --dtype other than auto and --chat/--no-chat override it.",
         ),
     ),
     "device": (str, typer.Option(DEFAULT_DEVICE, help="auto (cuda if available, else cpu), cpu or cuda.")),
@@ -269,7 +288,12 @@ _POLICY_OPTIONS: dict[str, tuple[Any, Any]] = {
     "h": (float, typer.Option(SVIP_H, "--svip-h", help="svip: stop when sqrt(0.15 * draft entropy) exceeds this.")),
     "classifier": (
         Optional[str],
-        typer.Option(None, help="classifier: the trained artifact folder (disco train --out)."),
+        typer.Option(
+            None,
+            callback=shipped_classifier,
+            help="classifier: the trained artifact folder (disco train --out), or a shipped one by name "
+            "(embedded-qwen2.5-coder).",
+        ),
     ),
     "classifier_setting": (
         Optional[float],

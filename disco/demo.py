@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from disco import shipped
 from disco.compare import default_entries, format_table, run_compare, tuned_from_artifact
 from disco.decode import DecodeConfig
 from disco.defaults import DEFAULT_ENGINE, DEMO_MAX_NEW_TOKENS, DEMO_PER_TASK, FULL_TRAIN_PER_TASK
@@ -17,12 +18,11 @@ from disco.pair import load_pair
 from disco.prompts import DATA_DIR, load_prompts
 from disco.server_tuning import tuned_server
 
-REPO_DIR = Path(__file__).resolve().parent.parent
 # The classifiers shipped for the embedded pair, one per engine (each trained on that engine's traces:
-# bench/llamacpp_pipeline.sh, bench/embedded_pipeline.sh).
+# bench/llamacpp_pipeline.sh, bench/embedded_pipeline.sh): the checkout's models/, or the wheel's copy.
 SHIPPED_CLASSIFIERS = {
-    "llama.cpp": REPO_DIR / "models" / "embedded-qwen2.5-coder-llamacpp",
-    "torch": REPO_DIR / "models" / "embedded-qwen2.5-coder",
+    "llama.cpp": shipped.path("models/embedded-qwen2.5-coder-llamacpp"),
+    "torch": shipped.path("models/embedded-qwen2.5-coder"),
 }
 TASKS = ("code", "explain", "write")
 

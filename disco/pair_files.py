@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from disco import shipped
 from disco.defaults import DEFAULT_DTYPE, DTYPE_NAMES
 from disco.errors import DiscoError
 from disco.options import PairOptions
@@ -28,9 +29,10 @@ def load_pair_config(path: str | Path) -> dict:
     tokenizer's default). Unknown keys are refused, so a typo cannot pass silently."""
     import yaml
 
-    path = Path(path)
+    path = shipped.find_pair_file(path)  # the user's file, else a shipped one by name or checkout path
     if not path.is_file():
-        raise DiscoError(f"no pair file at {path} (see configs/pairs/ for the published pairs)")
+        names = ", ".join(shipped.pair_file_names())
+        raise DiscoError(f"no pair file at {path} (the published pairs, by name or in configs/pairs/: {names})")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from disco import shipped
 from disco.errors import DiscoError
 from disco.mtbench import is_mt_bench, misplaced_word, select_questions
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # the prompt sets shipped in the checkout
+DATA_DIR = shipped.path(shipped.PROMPTS)  # the shipped prompt sets: the checkout's data/, or the wheel's copy
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,8 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
     if path.is_dir():
         raise DiscoError(f"--prompts {path} is a folder: give a JSONL file in it (one {{id, task, prompt}} per line)")
     if not path.is_file():
-        shipped = sorted(p.name for p in DATA_DIR.glob("*.jsonl")) if DATA_DIR.is_dir() else []
-        hint = f" (shipped sets: {', '.join(shipped)}; also mt-bench, mt-bench-2, hf:NAME)" if shipped else ""
+        names = shipped.prompt_set_names()
+        hint = f" (shipped sets: {', '.join(names)}; also mt-bench, mt-bench-2, hf:NAME)" if names else ""
         raise DiscoError(f"prompt file not found: {path}{hint}")
     prompts: list[Prompt] = []
     seen: set[str] = set()
@@ -201,9 +202,10 @@ def load_prompt_source(source: str, limit: int | None = None) -> list[Prompt]:
     path = Path(source)
     if is_mt_bench(source) and not path.exists():
         return load_mt_bench_prompts(source, limit)
-    shipped = DATA_DIR / f"{source}.jsonl"
-    if not path.exists() and path.name == source and shipped.is_file():
-        path = shipped
+    # a shipped set by name (code-train) or by its checkout path (data/code-train.jsonl), from any folder
+    found = shipped.find_prompt_set(source)
+    if found.is_file():
+        path = found
     hint = misplaced_word(source) if not path.exists() else None
     if hint:
         raise DiscoError(hint)

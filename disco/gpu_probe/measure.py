@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from disco import shipped
 from disco.artifact import load_artifact
 from disco.artifact_models import DenseModel
 from disco.classifier import ClassifierPolicy
@@ -69,7 +70,7 @@ from disco.pair import pair_from_models
 from disco.policy_registry import make_policy
 from disco.profile import profile_pair
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: configs/shapes, models/
+ROOT = shipped.root()  # configs/shapes, models/: the checkout, or the wheel's copy (disco/shipped.py)
 SHAPES = (ROOT / "configs/shapes/embedded-qwen2.5-coder.json", ROOT / "configs/shapes/llama-3.1-8b__llama-3.2-1b.json")
 ARTIFACT = ROOT / "models/embedded-qwen2.5-coder"  # the shipped torch classifier (LightGBM)
 PATHS = ("dynamic", "static", "static-compiled", "static-padded")

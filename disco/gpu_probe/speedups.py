@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from disco import shipped
 from disco.artifact import load_artifact
 from disco.cost import CostModel
 from disco.defaults import DEFAULT_MAX_WINDOW, DEFAULT_VAL_FRACTION
@@ -33,7 +34,7 @@ from disco.simulate import replay_policy, simulate_many
 from disco.train_data import load_trace_data, row_tasks, split_by_prompt, traces_for
 from disco.tuning import policy_table
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: models/
+ROOT = shipped.root()  # models/: the checkout, or the wheel's copy (disco/shipped.py)
 ARTIFACT = ROOT / "models/embedded-qwen2.5-coder"
 SHIPPED = "shipped, as is"
 GOALS = {"c_d / c_t(1)": 0.45, "c_t(8) / c_t(1)": 1.3, "shipped speedup": 1.5}  # issue 25, captured path
