@@ -17,8 +17,8 @@ from disco.defaults import DRAFT_QUANT_CHOICES
 from disco.errors import DiscoError
 
 INSTALL_HINT = (
-    "install it with `pip install llama-cpp-python==0.3.36` (what `make install` does; it builds "
-    "llama.cpp from source, ~6 min), or run the torch engine with --engine torch"
+    "install it with `pip install 'disco-spec[llamacpp]'` (llama-cpp-python 0.3.36, what `make install` does; "
+    "it builds llama.cpp from source, ~6 min), or run the torch engine with --engine torch"
 )
 _GGUF_MAGIC = b"GGUF"
 
