@@ -5,7 +5,9 @@ proposer (vllm/draft.py) asks one of these for the whole batch in one call: a (B
 that stop after this token. Each is the batched form of a policy of policy.py / classifier.py: the same
 decision, per request, as tensor operations (the classifier's features come from features.py's batched
 form; its model answers all rows in one call). What a policy keeps between a request's windows lives in
-that request's `RequestState`, which the proposer keys by vLLM's request id and frees with the request.
+that request's `RequestState`, which the proposer keys by vLLM's request id and frees with the request; on vLLM's
+draft the same fields live on the draft's device, a row per request (`RowState`), so that telling the policy what
+vLLM accepted and asking it who drafts wait for no copy to the host (vllm/draft.py keeps them there).
 
 A policy with a batched form has a `batched` builder in its policy_registry entry; the others (heuristic,
 adaedl, svip, oracle) are refused by the proposer in one line.
@@ -15,14 +17,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import torch
 
 from disco.classifier import FORECAST_KEEP, FORECAST_RELAX
 from disco.cost import CostModel, load_view
-from disco.features import TARGET_SIGNALS, TOKEN_FEATURES
+from disco.features import NO_SIGNALS, TARGET_SIGNALS, TOKEN_FEATURES
 from disco.stats import GenStats
 
 _P_CHOSEN = TOKEN_FEATURES.index("p_chosen")
@@ -40,6 +42,33 @@ class RequestState:
 
 
 @dataclass
+class RowState:
+    """RequestState's policy fields (prev_accepted, forecast) for the rows of a batch, as (B,) tensors on the
+    draft's device: vLLM's proposer keeps them there between steps (vllm/draft.py), the policies' update,
+    drafts and start read and write them there."""
+
+    prev_accepted: torch.Tensor  # (B,) int64
+    forecast: torch.Tensor  # (B,) float64
+
+    @classmethod
+    def fresh(cls, n: int, device: torch.device | str) -> RowState:
+        """n requests before their first window (RequestState's defaults), made on the device (no copy)."""
+        return cls(
+            torch.full((n,), RequestState.prev_accepted, dtype=torch.long, device=device),
+            torch.full((n,), RequestState.forecast, dtype=torch.float64, device=device),
+        )
+
+    def take(self, rows: torch.Tensor) -> RowState:
+        """These rows (a (B,) index on the device), copied."""
+        return RowState(*(getattr(self, f.name)[rows] for f in fields(self)))
+
+    def put(self, rows: torch.Tensor | int | slice, values: RowState) -> None:
+        """Write `values` into these rows."""
+        for f in fields(self):
+            getattr(self, f.name)[rows] = getattr(values, f.name)
+
+
+@dataclass
 class Batch:
     """One draft step's view of the running requests, what the batched policies read: built by the proposer."""
 
@@ -48,19 +77,32 @@ class Batch:
     # one more batched draft position for the whole batch (the load profile's c_draft at this batch size): the
     # requests still drafting share it, so the last one drafting pays all of it; None: c_d per draft token
     position_cost: float | None = None
+    # the states' policy fields on the draft's device, a row each (vLLM's proposer): the policies read and write
+    # these instead of the states' own (None: the states' own, as the simulator keeps them)
+    rows: RowState | None = None
 
     @classmethod
-    def under(cls, states: list[RequestState], load: CostModel | None, max_window: int) -> Batch:
+    def under(
+        cls, states: list[RequestState], load: CostModel | None, max_window: int, rows: RowState | None = None
+    ) -> Batch:
         """The batch of `states` in a step under a load profile (None: the policies' own cost models)."""
         n = len(states)
-        return cls(states, load_view(load, n, max_window), load.draft_position(n) if load is not None else None)
+        position = load.draft_position(n) if load is not None else None
+        return cls(states, load_view(load, n, max_window), position, rows)
 
 
 class BatchPolicy(Protocol):
     name: str
     reads_features: bool  # needs the FEATURES matrix (the classifier); the others read only p_chosen
 
-    def drafts(self, batch: Batch) -> torch.Tensor: ...  # (B,) bool: does each request draft this step?
+    @property
+    def drafts_on_device(self) -> bool:
+        """drafts() answers from batch.rows (cost-adaptive's forecasts), on their device: the proposer cannot read
+        who drafts before the first position without a wait, and learns it with that position's answer."""
+        ...
+
+    # (B,) bool: does each request draft this step? On the host, but where drafts_on_device
+    def drafts(self, batch: Batch) -> torch.Tensor: ...
 
     def start(self, batch: Batch, device: torch.device) -> None: ...  # a new window for every request
 
@@ -71,7 +113,11 @@ class BatchPolicy(Protocol):
         self, pos: int, feats: torch.Tensor | None, p_chosen: torch.Tensor, live: torch.Tensor
     ) -> torch.Tensor: ...
 
-    def update(self, state: RequestState, drafted: int, accepted: int) -> None: ...
+    # what the target accepted of a request's window of `drafted` tokens; or of every row's at once, on the
+    # device (a RowState and (B,) counts; drafted 0: no window verified)
+    def update(
+        self, state: RequestState | RowState, drafted: int | torch.Tensor, accepted: int | torch.Tensor
+    ) -> None: ...
 
 
 def never_drafts(policy: BatchPolicy, load: CostModel | None, max_batch: int, max_window: int) -> bool:
@@ -91,6 +137,7 @@ class _Fixed:
     """The batched forms that keep nothing between windows share these."""
 
     reads_features = False
+    drafts_on_device = False
 
     def drafts(self, batch: Batch) -> torch.Tensor:
         return torch.ones(len(batch.states), dtype=torch.bool)
@@ -98,7 +145,7 @@ class _Fixed:
     def start(self, batch: Batch, device: torch.device) -> None:
         pass
 
-    def update(self, state: RequestState, drafted: int, accepted: int) -> None:
+    def update(self, state: RequestState | RowState, drafted: int | torch.Tensor, accepted: int | torch.Tensor) -> None:
         pass
 
 
@@ -161,6 +208,10 @@ class BatchClassifier:
         assert cost is not None, "the cost rules need a cost model (checked when the policy is built)"
         return cost
 
+    @property
+    def drafts_on_device(self) -> bool:
+        return self.rule == "cost-adaptive"  # (each request's forecast; the other rules answer alike for all)
+
     def drafts(self, batch: Batch) -> torch.Tensor:
         n = len(batch.states)
         if self.rule == "cost":  # would a perfectly accepted window pay at the tuned rate? (the same for all)
@@ -169,10 +220,19 @@ class BatchClassifier:
             return _pays(self._costs(), 0, one, one, self._rate())
         if self.rule == "cost-adaptive":  # a window accepted at each request's forecast beats target-only?
             self._batch = batch
-            forecast = torch.tensor([s.forecast for s in batch.states], dtype=torch.float64)
-            go = _pays(self._costs(), 0, torch.ones(n, dtype=torch.float64), forecast, 1.0 / self._costs().c_t[0])
+            rows = batch.rows
+            if rows is None:
+                forecast = torch.tensor([s.forecast for s in batch.states], dtype=torch.float64)
+            else:
+                forecast = rows.forecast
+            one = torch.ones(n, dtype=torch.float64, device=forecast.device)
+            go = _pays(self._costs(), 0, one, forecast, 1.0 / self._costs().c_t[0])
+            # a skipped round moves the estimate back toward 1 (classifier.ClassifierPolicy.drafts)
+            if rows is not None:
+                rows.forecast = torch.where(go, forecast, forecast + (1.0 - forecast) * FORECAST_RELAX)
+                return go
             for s, g in zip(batch.states, go.tolist()):
-                if not g:  # a skipped round moves the estimate back toward 1 (classifier.ClassifierPolicy.drafts)
+                if not g:
                     s.forecast += (1.0 - s.forecast) * FORECAST_RELAX
             return go
         return torch.ones(n, dtype=torch.bool)
@@ -182,8 +242,12 @@ class BatchClassifier:
         self._batch = batch
         self._survive = torch.ones(n, dtype=torch.float64, device=device)
         self._prod = torch.ones(n, device=device)  # window_prob_prod: product of p_chosen in the window
-        self._prev = torch.tensor([float(s.prev_accepted) for s in batch.states], device=device)
-        self._verified = torch.tensor(float(n), dtype=torch.float64, device=device)  # the step's tokens so far
+        if batch.rows is not None:
+            self._prev = batch.rows.prev_accepted.to(device=device, dtype=torch.float32)
+        else:
+            self._prev = torch.tensor([float(s.prev_accepted) for s in batch.states], device=device)
+        # the step's tokens so far (made on the device: a tensor from a host value is a copy there)
+        self._verified = torch.full((), float(n), dtype=torch.float64, device=device)
 
     def _rate(self) -> float:
         return self.setting / self._costs().c_t[0]
@@ -193,7 +257,7 @@ class BatchClassifier:
         signals: they keep their before-any-window values, as in training with --no-target-signals)."""
         self._prod = p_chosen.float() * self._prod
         n = p_chosen.shape[0]
-        signals = torch.tensor([0.0, 1.0, 0.0, 0.0], device=p_chosen.device).expand(n, len(TARGET_SIGNALS))
+        signals = _no_signals(p_chosen.device).expand(n, len(TARGET_SIGNALS))
         pos_col = torch.full((n, 1), float(pos), device=p_chosen.device)
         return torch.cat([pos_col, self._prod[:, None], self._prev[:, None], signals], 1)
 
@@ -232,8 +296,18 @@ class BatchClassifier:
         extra = m * float(self._batch.position_cost) + c_step[then] - c_step[now]  # seconds, the whole batch
         return keep & (gain > rho * extra).any()
 
-    def update(self, state: RequestState, drafted: int, accepted: int) -> None:
-        if drafted > 0:  # classifier.ClassifierPolicy.update (WindowState.end, the forecast)
+    def update(self, state: RequestState | RowState, drafted: int | torch.Tensor, accepted: int | torch.Tensor) -> None:
+        """classifier.ClassifierPolicy.update (WindowState.end, the forecast): for one request, or for every row
+        at once on the device (a RowState; the same arithmetic in float64, so the same forecasts)."""
+        if isinstance(state, RowState):
+            assert isinstance(drafted, torch.Tensor) and isinstance(accepted, torch.Tensor)
+            verified = drafted > 0
+            a = accepted.double()
+            judged = a + (accepted < drafted)
+            forecast = FORECAST_KEEP * state.forecast + (1 - FORECAST_KEEP) * a / judged  # (0/0 where unverified)
+            state.prev_accepted = torch.where(verified, accepted.long(), state.prev_accepted)
+            state.forecast = torch.where(verified, forecast, state.forecast)
+        elif drafted > 0:
             state.prev_accepted = accepted
             judged = accepted + (accepted < drafted)
             state.forecast = FORECAST_KEEP * state.forecast + (1 - FORECAST_KEEP) * accepted / judged
@@ -270,3 +344,10 @@ def _extra_costs(c: CostModel, i: int, rho: float, c_d: float, device: torch.dev
 @functools.lru_cache(maxsize=64)
 def _as_tensor(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64, device=device)
+
+
+@functools.lru_cache(maxsize=8)
+def _no_signals(device: torch.device) -> torch.Tensor:
+    """TARGET_SIGNALS' values before any window (vLLM shows the proposer none), float32: made once per device, not
+    copied there at every position."""
+    return torch.tensor(NO_SIGNALS.values(), device=device)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from disco.batch_policy import Batch, BatchPolicy, RequestState, never_drafts
+from disco.batch_policy import Batch, BatchPolicy, RequestState, RowState, never_drafts
 from disco.cost import CostModel
 from disco.embedded import pair_name
 from disco.errors import DiscoError, said_in_one_line
@@ -150,7 +150,7 @@ class _DiscoDraft:
         cad = kwargs["common_attn_metadata"]
         self._step = self._begin(cad.batch_size(), num_speculative_tokens, kwargs["next_token_ids"], cad, kwargs)
         step = self._step
-        k = num_speculative_tokens if bool(step.live.any()) else 0  # 0: vLLM only keeps the draft's KV in sync
+        k = num_speculative_tokens if step.may_draft else 0  # 0: vLLM only keeps the draft's KV in sync
         try:
             if k or not self.never_drafts:  # (no request will ever draft: the draft's KV is never read)
                 super().propose(k, *args, **kwargs)  # type: ignore[misc]
@@ -171,77 +171,179 @@ class _DiscoDraft:
         self._step.after(logits, tokens)
         return tokens, None
 
+    _tables: _Tables | None = None  # the running requests' state on the draft's device (made on first use)
+
     def _begin(self, n: int, k_max: int, next_token_ids: torch.Tensor, cad: Any, kwargs: dict) -> _Step:
         """This step's batch: each row's request (by id), what vLLM accepted of its last window (told to the
-        policy), whether it drafts now, and its context for the features."""
+        policy), whether it drafts now, and its context for the features. What vLLM accepted and sampled stays on
+        the draft's device, where the policy's state and the requests' tokens are kept between steps (_Tables):
+        the host sends what it knows (_known) in one copy and waits for nothing."""
+        tables = self._tables = self._tables or _Tables(self.device)
+        states, known = self._known(n, cad)
+        ib = self._runner.input_batch
+        # rows whose tables row lacks tokens vLLM has (a new request, one back from preemption): theirs too
+        reload = [i for i, st in enumerate(states) if tables.held.get(st.request_id, 0) < known[i, _DONE]]
+        reload = reload if self.policy.reads_features else []
+        sent = tables.to_device(
+            np.concatenate([known.ravel(), *(ib.token_ids_cpu[i, : known[i, _DONE]] for i in reload)])
+        )
+        rows = sent[: known.size].view(known.shape)
+        rejected = kwargs.get("num_rejected_tokens_gpu")  # (None: no window verified in this step)
+        verified = rows[:, _VERIFIED]
+        accepted = torch.where(verified > 0, verified - (rejected[:n].long() if rejected is not None else 0), 0)
+        state = tables.state.take(rows[:, _SLOT])
+        self.policy.update(state, verified, accepted)
+        batch = Batch.under(states, self.load, self._k_most(), state)
+        drafts = self.policy.drafts(batch)
+        tables.state.put(rows[:, _SLOT], state)
+        # a mask on the host is read for free; one the policy makes on the device (cost-adaptive's forecasts) is
+        # read with the first position's answer (a policy that does not say: on the host)
+        on_host = not getattr(self.policy, "drafts_on_device", False)
+        may_draft = bool(drafts.any()) if on_host else True
+        live = tables.to_device(drafts) if on_host else drafts
+        context = None
+        if self.policy.reads_features:
+            context = self._contexts(known, rows, reload, sent[known.size :], accepted, next_token_ids[:n], k_max)
+        self.policy.start(batch, self.device)
+        return _Step(self, states, known, accepted, live, may_draft, k_max, context)
+
+    def _known(self, n: int, cad: Any) -> tuple[list[RequestState], np.ndarray]:
+        """The rows' requests (by vLLM's id; finished ones freed, preempted ones' windows dropped) and what the host
+        knows of each row without the device (vLLM's host copies and the windows disco handed it): (B, columns
+        _SLOT.. then the verified drafts, -1 past them)."""
         runner = self._runner
         ib = runner.input_batch
+        tables = self._tables
+        assert tables is not None
         ids = list(ib.req_ids[:n])
         for gone in [r for r in self.requests if r not in runner.requests]:  # finished or aborted: freed
             state = self.requests.pop(gone)
             if self.settings is not None and self.settings.keep_stats:
                 self.finished[gone] = state.stats
+        tables.release([r for r in tables.slots if r not in runner.requests])
         for rid in set(self.requests) - set(ids):  # preempted: its last window was never verified
             self.requests[rid].window = []
-        rejected = kwargs.get("num_rejected_tokens_gpu")
-        rejected = rejected.tolist() if rejected is not None else [0] * n
         qlen = np.diff(cad.query_start_loc_cpu[: n + 1].numpy())
-        nxt = next_token_ids.tolist()
-        states, tails = [], []
+        known = np.full((n, _DRAFTS + self._k_most()), -1, dtype=np.int64)
+        states = []
         for i, rid in enumerate(ids):
             seen = rid in self.requests
             st = self.requests.setdefault(rid, RequestState(rid))
-            accepted = 0
             if seen:
                 st.stats.target_forwards += 1  # this step's target forward (the prefill is not counted)
-            if st.window and 0 < qlen[i] - 1 <= len(st.window):  # a decode step verifying its last window
-                scheduled = int(qlen[i]) - 1
-                accepted = scheduled - int(rejected[i])
-                self.policy.update(st, scheduled, accepted)
-                st.stats.record_window(scheduled, accepted)
-            tails.append(st.window[:accepted] + [int(nxt[i])])  # what this step added to the request
+            verified = int(qlen[i]) - 1 if st.window and 0 < qlen[i] - 1 <= len(st.window) else 0
+            prompt = runner.requests[rid].num_prompt_tokens
+            known[i, :_DRAFTS] = tables.slot(rid), ib.num_tokens_no_spec[i], prompt, verified
+            known[i, _DRAFTS : _DRAFTS + verified] = st.window[:verified]
             st.window = []
             states.append(st)
-        batch = Batch.under(states, self.load, self._k_most())
-        drafts = self.policy.drafts(batch)  # (B,) on the host
-        live = drafts.to(self.device)
-        context = lengths = gen0 = None
-        if self.policy.reads_features and bool(drafts.any()):  # (no request drafting: no features to compute)
-            context, lengths, gen0 = self._contexts(ids, tails, k_max)
-        self.policy.start(batch, self.device)
-        return _Step(self, states, live, k_max, context, lengths, gen0)
+        return states, known
 
-    def _contexts(self, ids: list[str], tails: list[list[int]], k_max: int):
+    def _contexts(
+        self,
+        known: np.ndarray,
+        rows: torch.Tensor,
+        reload: list[int],
+        tokens: torch.Tensor,
+        accepted: torch.Tensor,
+        sampled: torch.Tensor,
+        k_max: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each row's tokens so far (prompt, output, this step's accepted drafts and sampled token) as a (B, L)
-        tensor padded with -1 and room for the window; their lengths; the generated index of the first draft."""
-        runner = self._runner
-        ib = runner.input_batch
-        done = ib.num_tokens_no_spec[: len(ids)].astype(np.int64)  # vLLM's tokens before this step's
-        lengths = done + np.array([len(t) for t in tails], dtype=np.int64)
-        ctx = np.full((len(ids), int(lengths.max()) + k_max), -1, dtype=np.int64)
-        for i, tail in enumerate(tails):
-            ctx[i, : done[i]] = ib.token_ids_cpu[i, : done[i]]
-            ctx[i, done[i] : lengths[i]] = tail
-        prompt = np.array([runner.requests[r].num_prompt_tokens for r in ids], dtype=np.int64)
-        to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-        return to(ctx), to(lengths), to(lengths - prompt)
+        tensor on the device with room for the window; their lengths; the generated index of the first draft.
+        The tables hold each request's tokens up to vLLM's count before this step (`reload`'s rows: just sent,
+        flat in `tokens`); the step extends them there by the verified drafts, as many as vLLM accepted, and the
+        sampled token. known, rows: _known's, on the host and on the device."""
+        tables = self._tables
+        assert tables is not None
+        slots, done, drafts = rows[:, _SLOT], rows[:, _DONE], known.shape[1] - _DRAFTS
+        width = int((known[:, _DONE] + known[:, _VERIFIED]).max()) + 1 + k_max  # the longest, its window past it
+        tables.fit(max(width, int(known[:, _DONE].max()) + drafts + 1))
+        at = 0
+        for i in reload:
+            count = int(known[i, _DONE])
+            tables.tokens[int(known[i, _SLOT]), :count] = tokens[at : at + count]
+            at += count
+        # the verified drafts (what lies past the accepted ones lies past the length, or under the sampled token)
+        tables.tokens[slots[:, None], done[:, None] + torch.arange(drafts, device=done.device)] = rows[:, _DRAFTS:]
+        tables.tokens[slots, done + accepted] = sampled.long()
+        lengths = done + accepted + 1
+        return tables.tokens[:, :width][slots], lengths, lengths - rows[:, _PROMPT]
+
+
+# _DiscoDraft._known's columns: each row's row in the tables, vLLM's tokens before this step's, its prompt's length,
+# the drafts of its last window verified now (0: none); its verified drafts from _DRAFTS on
+_SLOT, _DONE, _PROMPT, _VERIFIED, _DRAFTS = range(5)
+
+
+class _Tables:
+    """The running requests' state on the draft's device, a row each from a request's first step until vLLM drops
+    it: the policy's fields (batch_policy.RowState) and the request's tokens (the features' context, extended there
+    each step). The host keeps whose row is which and how many of its tokens a row holds."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.state = RowState.fresh(0, device)
+        self.tokens = torch.full((0, 0), -1, dtype=torch.long, device=device)
+        self.slots: dict[str, int] = {}  # request id -> its row
+        self.held: dict[str, int] = {}  # request id -> how many of its first tokens its row holds (its last step's)
+        self.free: list[int] = []
+
+    def slot(self, rid: str) -> int:
+        if rid not in self.slots:
+            if not self.free:  # twice as many rows (made on the device: nothing copied from the host)
+                have, more = len(self.state.forecast), max(8, len(self.state.forecast))
+                grown = RowState.fresh(have + more, self.device)
+                grown.put(slice(0, have), self.state)
+                self.state = grown
+                pad = torch.full((more, self.tokens.shape[1]), -1, dtype=torch.long, device=self.device)
+                self.tokens = torch.cat([self.tokens, pad])
+                self.free = list(range(have + more - 1, have - 1, -1))
+            self.slots[rid] = self.free.pop()
+        return self.slots[rid]
+
+    def release(self, gone: list[str]) -> None:
+        """The rows of requests vLLM dropped, for new ones (their policy fields as a new request's)."""
+        for rid in gone:
+            slot = self.slots.pop(rid)
+            self.held.pop(rid, None)
+            self.state.put(slice(slot, slot + 1), RowState.fresh(1, self.device))
+            self.free.append(slot)
+
+    def fit(self, width: int) -> None:
+        """Room for `width` tokens a row (twice as many when it grows)."""
+        have = self.tokens.shape[1]
+        if width > have:
+            grown = torch.full((self.tokens.shape[0], max(width, 2 * have)), -1, dtype=torch.long, device=self.device)
+            grown[:, :have] = self.tokens
+            self.tokens = grown
+
+    def to_device(self, host: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """The host's values on the device, copied without waiting for it (from pinned memory, as vLLM copies)."""
+        from vllm.utils.torch_utils import async_tensor_h2d
+
+        return async_tensor_h2d(host, self.device)
 
 
 class _Step:
-    """One step's draft loop as disco sees it: which requests still draft, their tokens, each window's length."""
+    """One step's draft loop as disco sees it: which requests still draft, their tokens, each window's length.
+    All on the draft's device; the host reads it after each position (does any request draft on: vLLM's loop
+    goes on or ends) and once at the end (the windows, and what vLLM accepted of the last ones)."""
 
     def __init__(
         self,
         proposer: Any,
         states: list[RequestState],
+        known: np.ndarray,
+        accepted: torch.Tensor,
         live: torch.Tensor,
+        may_draft: bool,
         k_max: int,
-        context: torch.Tensor | None,
-        lengths: torch.Tensor | None,
-        gen0: torch.Tensor | None,
+        context: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     ) -> None:
-        self.proposer, self.states, self.live, self.k_max = proposer, states, live, k_max
-        self.context, self.lengths, self.gen0 = context, lengths, gen0
+        self.proposer, self.states, self.known, self.accepted = proposer, states, known, accepted
+        self.live, self.may_draft, self.k_max = live, may_draft, k_max
+        self.context, self.lengths, self.gen0 = context if context is not None else (None, None, None)
         self.drafted = torch.zeros(len(states), dtype=torch.long, device=live.device)  # each window's length
         self.tokens: list[torch.Tensor] = []
         self.pos = 0
@@ -267,18 +369,27 @@ class _Step:
         stop = self.proposer.policy.stops(self.pos, feats, p_chosen, self.live)
         self.drafted = torch.where(self.live, self.pos, self.drafted)
         self.live = self.live & ~stop
-        done = self.pos >= self.k_max or not bool(self.live.any())  # the decision's one host sync
+        done = self.pos >= self.k_max or not bool(self.live.any())  # the position's one read of the device
         self.decide_s += time.perf_counter() - t0
         if done:
             raise _AllStopped
 
     def windows(self) -> list[list[int]]:
-        """Each request's draft tokens for vLLM (its own number), remembered for the next step."""
-        if not self.tokens:
-            return [[] for _ in self.states]
-        tokens = torch.stack(self.tokens, 1).tolist()
-        out = [row[:k] for row, k in zip(tokens, self.drafted.tolist())]
-        for st, window in zip(self.states, out):
-            st.window = window
-            st.stats.draft_forwards += len(window)  # its own positions (the batch may have run more, masked)
-        return out
+        """Each request's draft tokens for vLLM (its own number), remembered for the next step; what vLLM accepted
+        of the last ones comes with them (the step's one read of the device) for the counts."""
+        n, verified = len(self.states), self.known[:, _VERIFIED]
+        accepted, drafted, tokens = [0] * n, [0] * n, [[] for _ in range(n)]
+        if self.tokens or verified.any():
+            parts = [self.accepted, self.drafted, *([torch.stack(self.tokens, 1).flatten()] if self.tokens else [])]
+            values = torch.cat(parts).tolist()
+            accepted, drafted, flat = values[:n], values[n : 2 * n], values[2 * n :]
+            tokens = [flat[i * self.pos : (i + 1) * self.pos] for i in range(n)]
+        held = self.proposer._tables.held
+        for i, st in enumerate(self.states):
+            if verified[i]:
+                st.stats.record_window(int(verified[i]), accepted[i])
+            st.window = tokens[i][: drafted[i]]
+            st.stats.draft_forwards += len(st.window)  # its own positions (the batch may have run more, masked)
+            if self.context is not None:  # its tables row now holds its tokens through this step's sampled one
+                held[st.request_id] = int(self.known[i, _DONE]) + accepted[i] + 1
+        return [st.window for st in self.states]
