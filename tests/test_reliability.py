@@ -162,7 +162,12 @@ def test_train_out_non_empty_needs_overwrite_which_replaces_it_whole(world, tmp_
         capsys, "train", "--traces", world["traces"], "--out", m, "--model", "lightgbm", "--no-head", "--overwrite"
     )
     assert code == 0, err
-    assert sorted(p.name for p in m.iterdir()) == ["manifest.json", "metrics.md", "model.txt"]  # no stale model.json
+    assert sorted(p.name for p in m.iterdir()) == [
+        "manifest.json",
+        "metrics.md",
+        "model.txt",
+        "reliability.png",
+    ]  # no stale model.json
     assert load_artifact(m).kind == "lightgbm"
 
 

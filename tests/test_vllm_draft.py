@@ -425,7 +425,7 @@ def test_vllm_serve_with_the_policy_on_vllms_draft(folders, pair, ids, tmp_path)
     vLLM's target-only output; the server is stopped by the test."""
     got = _served(folders, {"policy": {"name": "threshold", "threshold": 0.4}}, tmp_path, ids, 24)
     log = (tmp_path / "server.log").read_text()
-    assert "disco: the threshold policy decides on vLLM's draft, per request" in log  # the plugin put it in
+    assert "disco: the threshold policy decides on vLLM's draft, per request (vLLM's V1 model runner" in log  # in
     want, _ = pair.target_engine.generate_batch(SpecConfig(), ids, 24, pair.eos_token_ids, len(ids))
     assert got == [pair.tokenizer.decode(w, skip_special_tokens=True) for w in want]
 
@@ -435,7 +435,10 @@ def test_vllm_serve_with_a_policy_that_never_drafts(folders, pair, ids, tmp_path
     better served without speculative decoding (vLLM's speculative path still runs every step)."""
     got = _served(folders, {"policy": {"name": "target"}}, tmp_path, ids[:2], 16)
     said = [line for line in (tmp_path / "server.log").read_text().splitlines() if line.startswith("disco: ")]
-    assert len(said) == 1 and said[0].startswith("disco: the target policy decides on vLLM's draft, per request: ")
+    assert len(said) == 1 and said[0].startswith(
+        "disco: the target policy decides on vLLM's draft, per request (vLLM's V1"
+    )
+    assert "DiscoDraftProposer): it never drafts here" in said[0]
     assert "it never drafts here" in said[0] and "without --speculative-config" in said[0]
     want, _ = pair.target_engine.generate_batch(SpecConfig(), ids[:2], 16, pair.eos_token_ids, 2)
     assert got == [pair.tokenizer.decode(w, skip_special_tokens=True) for w in want]

@@ -42,6 +42,7 @@ from disco.errors import DiscoError, said_in_one_line
 from disco.policy import StoppingPolicy, decide_now
 from disco.policy_registry import PolicySpec
 from disco.rounds import decide_token, draft_window, end_round, leading_run, opens_window
+from disco.shipped import find_classifier
 from disco.stats import GenStats
 from disco.vllm.engine import PROPOSER
 from disco.vllm.process import PROCESS, is_request
@@ -266,7 +267,8 @@ def _load_shared_from_env() -> None:
     PROCESS.side.pair = load_pair(PairOptions(**{**pair_opts, "engine": "vllm"}))
     policy = settings.get("policy") or {"name": "threshold"}
     if policy.get("classifier"):
-        path = Path(policy["classifier"]).expanduser()
+        path = find_classifier(Path(policy["classifier"]).expanduser())  # a path, or a shipped one by name
+        policy = {**policy, "classifier": str(path)}
         if not (path / "manifest.json").is_file():
             raise DiscoError(f"the proposer's classifier {path} is not an artifact (no manifest.json): check {ENV}")
     PROCESS.side.policy = PolicySpec(**policy)
