@@ -30,7 +30,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from disco.batch_policy import Batch, BatchPolicy, RequestState, RowState, never_drafts
+from disco.batch_policy import (
+    Batch,
+    BatchClassifier,
+    BatchConstant,
+    BatchPolicy,
+    BatchTarget,
+    RequestState,
+    RowState,
+    never_drafts,
+)
+from disco.closed_loop import ClosedLoop
 from disco.cost import CostModel
 from disco.embedded import pair_name
 from disco.errors import DiscoError, said_in_one_line
@@ -76,13 +86,16 @@ class _DiscoDraft:
         self.vllm_config = vllm_config
         self.requests: dict[str, RequestState] = {}  # the running requests' states, by vLLM request id
         self.finished: dict[str, Any] = {}  # keep_stats: finished requests' GenStats, by request id
-        self.set_policy(settings.policy, settings.load)
+        self.set_policy(settings.policy, settings.load, settings.closed_loop)
         PROCESS.proposers.append(self)
         if not first_rank():
             return  # under tensor parallelism every rank decides alike: one line
         said = (
             f"disco: the {settings.policy.name} policy decides on vLLM's draft, per request ({in_effect(runner, self)})"
         )
+        if self.loop is not None:
+            seed = "the profile's" if settings.load is not None else "a warm-up's"
+            said += f", closed loop (costs measured here from {seed} start, calibration, governor)"
         if self.never_drafts and armed is None:  # (serving; in-process compare arms the target policy first)
             # vLLM still runs its speculative path every step, no draft proposed: the worker's draft bookkeeping
             # and one more call from the engine for the drafts (bench/RESULTS.md, "Sixth session")
@@ -95,10 +108,14 @@ class _DiscoDraft:
 
     # --- the policy ---------------------------------------------------------------------------------
 
-    def set_policy(self, spec: PolicySpec | None, load: CostModel | None = None) -> None:
+    def set_policy(self, spec: PolicySpec | None, load: CostModel | None = None, closed_loop: bool = False) -> None:
         """Decide with `spec` from now on (compare's rows switch it between runs); None: vLLM's own draft-model
-        decoding (compare's rows of vLLM's own fixed lengths and Dynamic SD share this instance on CPUs)."""
+        decoding (compare's rows of vLLM's own fixed lengths and Dynamic SD share this instance on CPUs).
+        closed_loop: the costs the rules read are measured in this process (`load` only seeds them), the
+        classifier's probabilities are recalibrated from vLLM's verified outcomes, and a governor falls back to a
+        fixed length when the policy loses to one (closed_loop.ClosedLoop)."""
         self.own = spec is None
+        self.loop: ClosedLoop | None = None
         self.decide_s, self.forward_s, self.n_positions = 0.0, 0.0, 0
         if spec is None:
             return
@@ -120,6 +137,18 @@ class _DiscoDraft:
         # (a policy that never drafts here: propose() skips vLLM's draft loop altogether)
         most = int(self.vllm_config.scheduler_config.max_num_seqs)
         self.never_drafts = never_drafts(self.policy, load, most, self._k_most())
+        self._tables = None  # (the rows' state is the policy's: a new policy starts afresh)
+        if closed_loop:
+            # the costs may change: the draft's KV cache is kept current (vLLM's catch-up pass) for a later window
+            self.never_drafts = False
+            self.loop = ClosedLoop(
+                load, most, self._k_most(), self.device, calibrate=isinstance(self.policy, BatchClassifier),
+                idle_position=True, say=lambda line: PROCESS.say_once("governor", f"disco: {line}"),
+            )  # fmt: skip
+            if self.loop.calibration is not None:
+                self.policy.predict = _calibrated(self.policy.predict, self)  # type: ignore[attr-defined]
+        self._fixed: dict[int, BatchPolicy] = {0: BatchTarget()}  # the governor's fixed lengths, by k
+        self.decider: BatchPolicy = self.policy  # who decided the last step: the policy or a fixed length
 
     def _pair_record(self) -> dict:
         """What the artifact check compares (Pair.describe()'s fields): the models (the embedded pair's files
@@ -148,7 +177,8 @@ class _DiscoDraft:
             return super().propose(num_speculative_tokens, *args, **kwargs)  # type: ignore[misc]
         t0 = time.perf_counter()
         cad = kwargs["common_attn_metadata"]
-        self._step = self._begin(cad.batch_size(), num_speculative_tokens, kwargs["next_token_ids"], cad, kwargs)
+        n = cad.batch_size()
+        self._step = self._begin(n, num_speculative_tokens, kwargs["next_token_ids"], cad, kwargs)
         step = self._step
         k = num_speculative_tokens if step.may_draft else 0  # 0: vLLM only keeps the draft's KV in sync
         try:
@@ -161,7 +191,11 @@ class _DiscoDraft:
         self.forward_s += time.perf_counter() - t0 - step.decide_s
         self.decide_s += step.decide_s
         self.n_positions += step.pos
-        return step.windows()
+        windows = step.windows()
+        if self.loop is not None:  # the target step that ran before this one, the windows it verified
+            self.loop.step(t0, int(cad.query_start_loc_cpu[n]), step.verified, step.accepted_now)
+            self.loop.ended(time.perf_counter())
+        return windows
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any):
         if self._step is None:
@@ -178,7 +212,7 @@ class _DiscoDraft:
         policy), whether it drafts now, and its context for the features. What vLLM accepted and sampled stays on
         the draft's device, where the policy's state and the requests' tokens are kept between steps (_Tables):
         the host sends what it knows (_known) in one copy and waits for nothing."""
-        tables = self._tables = self._tables or _Tables(self.device)
+        tables = self._tables = self._tables or _Tables(self.device, self._k_most())
         states, known = self._known(n, cad)
         ib = self._runner.input_batch
         # rows whose tables row lacks tokens vLLM has (a new request, one back from preemption): theirs too
@@ -193,19 +227,34 @@ class _DiscoDraft:
         accepted = torch.where(verified > 0, verified - (rejected[:n].long() if rejected is not None else 0), 0)
         state = tables.state.take(rows[:, _SLOT])
         self.policy.update(state, verified, accepted)
-        batch = Batch.under(states, self.load, self._k_most(), state)
-        drafts = self.policy.drafts(batch)
+        loop = self.loop
+        if loop is not None and loop.calibration is not None and self.decider is self.policy:
+            # what vLLM verified of the windows the classifier drafted last step (its p's, in the tables)
+            loop.calibration.observe_windows(tables.p[rows[:, _SLOT]], verified, accepted)
+        batch = Batch.under(states, loop.cost_model() if loop is not None else self.load, self._k_most(), state)
+        self.decider = self._decider(loop)
+        drafts = self.decider.drafts(batch)
         tables.state.put(rows[:, _SLOT], state)
         # a mask on the host is read for free; one the policy makes on the device (cost-adaptive's forecasts) is
         # read with the first position's answer (a policy that does not say: on the host)
-        on_host = not getattr(self.policy, "drafts_on_device", False)
+        on_host = not getattr(self.decider, "drafts_on_device", False)
         may_draft = bool(drafts.any()) if on_host else True
         live = tables.to_device(drafts) if on_host else drafts
         context = None
         if self.policy.reads_features:
             context = self._contexts(known, rows, reload, sent[known.size :], accepted, next_token_ids[:n], k_max)
-        self.policy.start(batch, self.device)
-        return _Step(self, states, known, accepted, live, may_draft, k_max, context)
+        self.decider.start(batch, self.device)
+        return _Step(self, states, known, rows[:, _SLOT], accepted, live, may_draft, k_max, context)
+
+    def _decider(self, loop: ClosedLoop | None) -> BatchPolicy:
+        """Who decides this step: the policy, or the fixed length the governor chose (closed_loop.ClosedLoop; the
+        policy still learns every outcome through update)."""
+        k = loop.override() if loop is not None else None
+        if k is None:
+            return self.policy
+        if k not in self._fixed:
+            self._fixed[k] = BatchConstant(k)
+        return self._fixed[k]
 
     def _known(self, n: int, cad: Any) -> tuple[list[RequestState], np.ndarray]:
         """The rows' requests (by vLLM's id; finished ones freed, preempted ones' windows dropped) and what the host
@@ -281,9 +330,12 @@ class _Tables:
     it: the policy's fields (batch_policy.RowState) and the request's tokens (the features' context, extended there
     each step). The host keeps whose row is which and how many of its tokens a row holds."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, k_most: int) -> None:
         self.device = device
         self.state = RowState.fresh(0, device)
+        # the model's P(accept) of each row's drafts in its last window (the closed loop's calibration learns from
+        # what vLLM then verified of them)
+        self.p = torch.zeros((0, k_most), device=device)
         self.tokens = torch.full((0, 0), -1, dtype=torch.long, device=device)
         self.slots: dict[str, int] = {}  # request id -> its row
         self.held: dict[str, int] = {}  # request id -> how many of its first tokens its row holds (its last step's)
@@ -298,6 +350,7 @@ class _Tables:
                 self.state = grown
                 pad = torch.full((more, self.tokens.shape[1]), -1, dtype=torch.long, device=self.device)
                 self.tokens = torch.cat([self.tokens, pad])
+                self.p = torch.cat([self.p, torch.zeros((more, self.p.shape[1]), device=self.device)])
                 self.free = list(range(have + more - 1, have - 1, -1))
             self.slots[rid] = self.free.pop()
         return self.slots[rid]
@@ -335,13 +388,17 @@ class _Step:
         proposer: Any,
         states: list[RequestState],
         known: np.ndarray,
+        slots: torch.Tensor,
         accepted: torch.Tensor,
         live: torch.Tensor,
         may_draft: bool,
         k_max: int,
         context: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     ) -> None:
-        self.proposer, self.states, self.known, self.accepted = proposer, states, known, accepted
+        self.proposer, self.states, self.known, self.slots, self.accepted = proposer, states, known, slots, accepted
+        self.verified: list[int] = [int(v) for v in known[:, _VERIFIED]]  # each row's drafts verified this step
+        self.accepted_now: list[int] = [0] * len(states)  # ... and accepted (read with the windows)
+        self._mark: float | None = None  # when the last position's decision ended (its next forward began)
         self.live, self.may_draft, self.k_max = live, may_draft, k_max
         self.context, self.lengths, self.gen0 = context if context is not None else (None, None, None)
         self.drafted = torch.zeros(len(states), dtype=torch.long, device=live.device)  # each window's length
@@ -352,6 +409,9 @@ class _Step:
     def after(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """Draft position pos + 1 is in: which requests stop after it (raises _AllStopped when none goes on)."""
         t0 = time.perf_counter()
+        loop = self.proposer.loop
+        if loop is not None and self._mark is not None:  # one batched position (the first has vLLM's catch-up)
+            loop.position(len(tokens), t0 - self._mark)
         self.pos += 1
         self.tokens.append(tokens)
         feats = None
@@ -366,11 +426,12 @@ class _Step:
             self.lengths = self.lengths + 1
         else:  # the threshold's p_chosen alone: exp(l_token − logsumexp(l))
             p_chosen = (logits.gather(1, tokens[:, None])[:, 0].float() - logits.float().logsumexp(-1)).exp()
-        stop = self.proposer.policy.stops(self.pos, feats, p_chosen, self.live)
+        stop = self.proposer.decider.stops(self.pos, feats, p_chosen, self.live)
         self.drafted = torch.where(self.live, self.pos, self.drafted)
         self.live = self.live & ~stop
         done = self.pos >= self.k_max or not bool(self.live.any())  # the position's one read of the device
-        self.decide_s += time.perf_counter() - t0
+        self._mark = time.perf_counter()
+        self.decide_s += self._mark - t0
         if done:
             raise _AllStopped
 
@@ -383,6 +444,7 @@ class _Step:
             parts = [self.accepted, self.drafted, *([torch.stack(self.tokens, 1).flatten()] if self.tokens else [])]
             values = torch.cat(parts).tolist()
             accepted, drafted, flat = values[:n], values[n : 2 * n], values[2 * n :]
+            self.accepted_now = accepted
             tokens = [flat[i * self.pos : (i + 1) * self.pos] for i in range(n)]
         held = self.proposer._tables.held
         for i, st in enumerate(self.states):
@@ -393,3 +455,19 @@ class _Step:
             if self.context is not None:  # its tables row now holds its tokens through this step's sampled one
                 held[st.request_id] = int(self.known[i, _DONE]) + accepted[i] + 1
         return [st.window for st in self.states]
+
+
+def _calibrated(predict: Any, proposer: Any) -> Any:
+    """The classifier's batched predictor with the closed loop's online calibration on top (per window position,
+    on the device): the model's own P(accept) is kept in the tables for the calibration to learn from what vLLM
+    verifies, and the calibrated one is what the rule decides with."""
+
+    def calibrated(feats: torch.Tensor) -> torch.Tensor:
+        p = predict(feats)
+        step, loop = proposer._step, proposer.loop
+        if step is None or loop is None or loop.calibration is None:
+            return p
+        proposer._tables.p[step.slots, step.pos - 1] = p.to(proposer._tables.p.dtype)
+        return loop.calibration.calibrate(step.pos, p)
+
+    return calibrated

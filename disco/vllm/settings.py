@@ -14,7 +14,8 @@ from disco.cpu import VLLM_DRAFT, LoadProfiles
 from disco.errors import DiscoError
 from disco.policy_registry import PolicySpec
 
-ENV = "DISCO_VLLM_POLICY"  # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "profile": PATH or [PATH, ...]}
+# a JSON file (or JSON text): {"policy": {PolicySpec fields}, "profile": PATH or [PATH, ...], "closed_loop": bool}
+ENV = "DISCO_VLLM_POLICY"
 # the vLLM releases whose draft loop the proposers were read and tested against (the [vllm-cuda] extra pins one of
 # them, and CI checks that it resolves to one); 0.33 is the CUDA build's next release: not read, so not accepted
 SUPPORTED_VLLM = ("0.32",)
@@ -27,6 +28,9 @@ class Settings:
     policy: PolicySpec
     load: CostModel | None = None
     keep_stats: bool = False  # keep each finished request's counts (compare reads them by request id)
+    # costs measured in the serving process (the profile only seeds them), the classifier recalibrated online,
+    # a governor against vLLM's fixed lengths (closed_loop.ClosedLoop; docs/architecture.md, "Closed loop")
+    closed_loop: bool = False
 
 
 def supported(version: str) -> bool:
@@ -64,4 +68,7 @@ def settings_from_env() -> Settings:
     policy = data.get("policy") or {"name": "threshold"}
     # (this machine's profile of this proposer, of several; one line when there is none)
     load = LoadProfiles(data["profile"]).choose(VLLM_DRAFT) if data.get("profile") else None
-    return Settings(PolicySpec(**policy), load)
+    closed = data.get("closed_loop", False)
+    if not isinstance(closed, bool):
+        raise DiscoError(f'{ENV}: "closed_loop" is true or false, not {closed!r}')
+    return Settings(PolicySpec(**policy), load, closed_loop=closed)

@@ -1,0 +1,111 @@
+"""The closed loop inside vLLM (docs/architecture.md, "Closed loop"; closed_loop.ClosedLoop in vllm/draft.py), on tiny
+float32 Qwen2 models: lossless at one request and several, a wrong seed profile (×3, ×⅓) corrected by the costs
+this process measures, the classifier's probabilities recalibrated from what vLLM verified, and the governor
+falling back to a fixed length where the policy's drafting loses. The modules' own bounds: tests/test_closed_loop.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_vllm import _save, tiny_vllm_qwen
+from test_vllm_draft import (  # noqa: F401 -- pytest fixtures
+    K_MAX,
+    _budgets,
+    _generate,
+    _logistic_artifact,
+    folders,
+    ids,
+    pair,
+    reference,
+    spec,
+)
+
+from disco.cost import CostModel
+from disco.options import PairOptions
+from disco.pair import load_pair
+from disco.policy_registry import PolicySpec
+from disco.vllm.engine import DISCO_DRAFT, SpecConfig
+from disco.vllm.settings import ENV, settings_from_env
+
+pytest.importorskip("vllm")
+
+# a load profile in made-up seconds (a target step by tokens, a batched draft position by batch size)
+SEED = CostModel(0.004, tuple(0.01 + 0.001 * t for t in range(1, K_MAX + 2)), "seed",
+                 tuple(0.01 + 0.001 * t for t in range(1, 8 * (K_MAX + 1) + 1)), tuple(0.004 + 0.0005 * b for b in range(8)))  # fmt: skip
+
+
+def _scaled(cost: CostModel, by: float) -> CostModel:
+    return dataclasses.replace(
+        cost,
+        c_d=cost.c_d * by,
+        c_t=tuple(x * by for x in cost.c_t),
+        c_step=tuple(x * by for x in cost.c_step),
+        c_draft=tuple(x * by for x in cost.c_draft),
+        source=f"seed x{by:g}",
+    )
+
+
+@pytest.mark.parametrize("rule", ["threshold", "classifier-cost"])
+def test_lossless_with_the_closed_loop_at_one_request_and_five(pair, ids, spec, reference, rule, tmp_path):
+    policy = PolicySpec("threshold", threshold=0.4)
+    if rule != "threshold":
+        policy = PolicySpec("classifier", classifier=str(_logistic_artifact(tmp_path / "clf", pair, "cost", 1.0)))
+    proposer = pair.target_engine.proposer(spec)
+    proposer.set_policy(policy, SEED, closed_loop=True)
+    assert proposer.loop is not None and (proposer.loop.calibration is not None) == (rule != "threshold")
+    alone = [_generate(pair, spec, [p], 8 + 8 * n)[0][0] for n, p in enumerate(ids)]
+    together, _ = _budgets(pair, spec, ids)  # all five at once, each with its own budget
+    assert alone == reference and together == reference
+    assert proposer.loop.costs.steps.observed > 0 and proposer.loop.governor.steps > 0
+
+
+def test_a_wrong_seed_is_corrected_by_the_costs_measured_here(pair, ids, spec):
+    """The same stream with a seed ×3 and one ×⅓ (another machine's, an in-process profile): after it, both
+    running tables hold this process's costs: within 1.6× of each other, where the seeds were 9× apart."""
+    proposer = pair.target_engine.proposer(spec)
+    tables = {}
+    for by in (3.0, 1 / 3):
+        proposer.set_policy(PolicySpec("constant", k=3), _scaled(SEED, by), closed_loop=True)
+        for _ in range(2):
+            _budgets(pair, spec, ids)
+        loop = proposer.loop
+        assert loop.costs.warm  # both kinds observed past the warm-up (ONLINE_COST_WARMUP)
+        tables[by] = loop.cost_model()
+    high, low = tables[3.0], tables[1 / 3]
+    for t in (1, 2, 4, 5 * 4):  # target steps of 1, 2, 4 tokens and five requests verifying 3 drafts
+        assert 1 / 1.6 < high.c_step[t - 1] / low.c_step[t - 1] < 1.6
+    assert 1 / 1.6 < high.c_draft[0] / low.c_draft[0] < 1.6
+
+
+@pytest.fixture(scope="module")
+def losing(folders, tmp_path_factory):
+    """The target beside a draft that knows nothing of it (another random model): drafting never pays."""
+    draft = _save(tiny_vllm_qwen(seed=7), tmp_path_factory.mktemp("losing") / "draft")
+    p = load_pair(PairOptions(target=str(folders[0]), draft=str(draft), engine="vllm", dtype="float32"))
+    yield p, SpecConfig(DISCO_DRAFT, K_MAX, str(draft))
+    p.target_engine.close()
+
+
+def test_the_governor_falls_back_where_drafting_loses(losing, ids, reference):
+    """A policy that always drafts K_MAX tokens on a draft whose tokens the target rejects: within the
+    governor's bound (GOVERNOR_WINDOW steps once the costs are measured) it runs a fixed length instead, 0 or 1,
+    and the outputs stay the target's."""
+    p, spec = losing
+    proposer = p.target_engine.proposer(spec)
+    proposer.set_policy(PolicySpec("constant", k=K_MAX), closed_loop=True)
+    outs = [_generate(p, spec, [prompt], 96)[0][0] for prompt in ids[:2]]
+    gov = proposer.loop.governor
+    assert gov.mode in (0, 1), (gov.mode, gov.estimates, gov.policy_speedup)
+    want = [_generate(p, SpecConfig(), [prompt], 96)[0][0] for prompt in ids[:2]]
+    assert outs == want
+
+
+def test_settings_turn_the_closed_loop_on(monkeypatch):
+    monkeypatch.setenv(ENV, '{"policy": {"name": "threshold"}, "closed_loop": true}')
+    assert settings_from_env().closed_loop is True
+    monkeypatch.setenv(ENV, '{"policy": {"name": "threshold"}, "closed_loop": "yes"}')
+    with pytest.raises(Exception, match='"closed_loop" is true or false'):
+        settings_from_env()
+    monkeypatch.setenv(ENV, '{"policy": {"name": "threshold"}}')
+    assert settings_from_env().closed_loop is False
