@@ -83,7 +83,7 @@ class OnlineCalibration:
     ) -> None:
         self.positions, self.buffer, self.half_life = positions, buffer, half_life
         self.min_count, self.refit_every, self.newton, self.prior = min_count, refit_every, newton, prior
-        self.device = torch.device(device)
+        self.device = device if isinstance(device, torch.device) else torch.device(device)
         shape = (positions + 1, buffer + 1)  # row 0 and column `buffer`: where ignored outcomes land
         self.x = torch.zeros(shape, dtype=dtype, device=self.device)  # logit(p) of each outcome
         self.y = torch.zeros(shape, dtype=dtype, device=self.device)  # 1: accepted
