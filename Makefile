@@ -44,4 +44,8 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest -q
 
-.PHONY: install demo lint test
+# the quick check while working: everything but the embedded pair's tests and those that start vLLM
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not vllm"
+
+.PHONY: install demo lint test test-fast

@@ -37,3 +37,14 @@ def pytest_testnodedown(node, error):
     if error is not None and node.gateway.id not in _collected:
         how = _killed_by(node) or error
         pytest.exit(f"the test worker crashed while collecting the tests ({how}): its output is above", 3)
+
+
+# the test files that start vLLM (in-process instances, `vllm serve`): marked `vllm`, left out of `make test-fast`
+VLLM_FILES = ("test_vllm.py", "test_vllm_draft.py", "test_vllm_closed_loop.py", "test_vllm_gpu_config.py",
+              "test_collect_vllm.py")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in VLLM_FILES:
+            item.add_marker(pytest.mark.vllm)
