@@ -9,6 +9,7 @@ target's vLLM instances, loading a pair) is engine.py.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import replace
@@ -288,7 +289,18 @@ def profile_load(
     else:
         c_d = draft_s / max(drafts, 1)
     cost = CostModel(c_d, tuple(c_step[: max_window + 1]), "profile", tuple(c_step), c_draft)
+    # what this profile cannot be: `vllm serve`'s process (its worker in a process of its own, on the cores vLLM
+    # binds it to, beside the engine core and the API server): its steps cost otherwise (bench/RESULTS.md,
+    # issue 47: 158 ms in-process, 248-286 ms served on a Zen 4), so the served proposer should seed its own
+    # measurements with it (closed_loop), not decide by it alone
+    process = f"in-process, {torch.get_num_threads()} threads (not vllm serve's worker)"
+    print(
+        f"disco: this profile times vLLM {process}; under `vllm serve` steps cost otherwise: give it as the seed "
+        'of a closed loop ("closed_loop": true in DISCO_VLLM_POLICY), which measures the served process',
+        file=sys.stderr,
+    )
     return {
+        "process": process,
         **cost.to_dict(),
         "proposer": VLLM_DRAFT if on_vllm_draft else SIDE_ENGINE,
         "unit": "s",
