@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from disco.cost import CostModel
+from disco.defaults import CLOSED_LOOP_PROBES
 from disco.governor import Governor
 from disco.online_calibration import OnlineCalibration
 from disco.online_costs import OnlineCosts
@@ -44,6 +45,11 @@ class ClosedLoop:
         # idle_position: a step that drafts nothing still runs one draft position (vLLM's catch-up pass)
         self.governor = Governor(max_window, max_batch, idle_position=idle_position, say=say)
         self.max_batch, self.max_window = max_batch, max_window
+        # the first steps draft at fixed lengths across the window (CLOSED_LOOP_PROBES, as the window allows), so that
+        # the table measures target steps of several widths and draft positions, whatever the seed makes the policy
+        # do: a seed under which no window pays would otherwise never draft, and never learn it was wrong
+        probes = [k for k in CLOSED_LOOP_PROBES if k <= max_window] or [max_window]
+        self._probes = [probes[i % len(probes)] for i in range(3 * len(probes))]  # each width's bucket three times
         self._started: float | None = None  # when the last step's propose began
         self._ended: float | None = None  # when the last step's drafting ended (its target step began)
 
@@ -69,6 +75,9 @@ class ClosedLoop:
         return self.costs.cost_model()
 
     def override(self) -> int | None:
-        """The governor's choice for this step (None: the policy decides), judged on this process's own costs
-        once they are measured (before, the seed's absolute numbers may be another machine's)."""
+        """The fixed length this step runs (None: the policy decides): a warm-up probe, then the governor's choice,
+        judged on this process's own costs once they are measured (before, the seed's absolute numbers may be
+        another machine's)."""
+        if self._probes:
+            return self._probes.pop(0)
         return self.governor.choose(self.costs.cost_model() if self.costs.warm else None)

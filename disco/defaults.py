@@ -153,6 +153,9 @@ CALIBRATION_MIN = 64  # outcomes of a position before its calibration leaves the
 CALIBRATION_REFIT = 8  # observe() calls (steps) between two refits
 CALIBRATION_NEWTON = 6  # Newton steps per refit (from the last fit)
 CALIBRATION_PRIOR = 1.0  # L2 pull of (a, b) toward the identity (1, 0), in outcomes' worth (keeps a fit finite)
+# the closed loop's first steps draft at these fixed lengths in turn, three times each (as the window allows): the
+# cost table then holds measured steps of several widths and draft positions whatever the seed says pays
+CLOSED_LOOP_PROBES = (1, 2, 4, 8)
 GOVERNOR_WINDOW = 32  # steps the governor judges on (a spell of the policy, a trial, a fixed length)
 GOVERNOR_MARGIN = 0.05  # a fixed length must beat the policy by this share before the governor takes over
 GOVERNOR_HOLD = 64  # steps on a fixed length before the policy is tried again (doubled after each failed trial) ...
