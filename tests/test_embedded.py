@@ -128,7 +128,9 @@ def test_part_files_found_through_metadata(fake: EmbeddedModel) -> None:
 
 def test_part_files_missing_or_wrong_version(fake: EmbeddedModel, tmp_path: Path) -> None:
     absent = _model(b"".join(PARTS), prefix="disco-absent-part")
-    with pytest.raises(DiscoError, match=r"3 of 3 missing: disco-absent-part1==1\.0.*pip install 'disco\[embedded\]'"):
+    with pytest.raises(
+        DiscoError, match=r"3 of 3 missing: disco-absent-part1==1\.0.*pip install 'disco-spec\[embedded\]'"
+    ):
         part_files(absent)
     # an installed part of another version holds other bytes: it counts as missing
     with pytest.raises(DiscoError, match="disco-fake-part1==2.0"):
@@ -305,7 +307,7 @@ def test_prepare_corrupt_part(cache: Path, fake: EmbeddedModel, fake_convert: li
 
 def test_prepare_without_wheels_and_no_install(cache: Path) -> None:
     absent = _model(b"".join(PARTS), prefix="disco-absent-part")
-    with pytest.raises(DiscoError, match=r"pip install 'disco\[embedded\]'.*disco models prepare"):
+    with pytest.raises(DiscoError, match=r"pip install 'disco-spec\[embedded\]'.*disco models prepare"):
         prepare(absent, install=False, progress=False)
 
 

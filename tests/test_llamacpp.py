@@ -478,7 +478,7 @@ def test_a_missing_llamacpp_says_how_to_install_and_torch_still_works(files, mon
     t, d, _, folder, cache = files
     monkeypatch.setenv("DISCO_CACHE", str(cache))
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now raises ImportError
-    with pytest.raises(DiscoError, match=r"pip install llama-cpp-python==0\.3\.36"):
+    with pytest.raises(DiscoError, match=r"pip install 'disco-spec\[llamacpp\]'. \(llama-cpp-python 0\.3\.36"):
         load_pair(PairOptions(str(t), str(d), engine="llama.cpp"))
     with pytest.raises(DiscoError, match="--engine torch"):
         LlamaCppEngine(t)

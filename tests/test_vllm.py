@@ -561,7 +561,7 @@ def test_target_must_be_a_folder(folders, tmp_path):
 def test_without_vllm_installed_one_line(folders, monkeypatch):
     target, draft = folders
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
-    with pytest.raises(DiscoError, match=r"needs vLLM, which is not installed: pip install 'disco\[vllm\]'"):
+    with pytest.raises(DiscoError, match=r"needs vLLM, which is not installed: pip install 'disco-spec\[vllm\]'"):
         load_pair(PairOptions(target=str(target), draft=str(draft), engine="vllm"))
 
 
