@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from disco.collect import round_robin  # noqa: E402
-from disco.cpu import this_machine  # noqa: E402
 from disco.defaults import DEFAULT_COLLECT_MAX_BATCH  # noqa: E402
+from disco.machine import this_machine  # noqa: E402
 from disco.prompts import load_prompt_sources  # noqa: E402
 
 TRAIN_SETS = ("code-train", "explain-train", "write-train")  # the 273 shipped train prompts

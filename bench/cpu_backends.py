@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from disco import embedded  # noqa: E402
-from disco.cpu import FLOAT32_EXACT, apply_cpu_backend, linear_weight_bytes  # noqa: E402
+from disco.cpu_backends import FLOAT32_EXACT, apply_cpu_backend, linear_weight_bytes  # noqa: E402
 from disco.decode import DecodeConfig, speculative_generate, target_generate  # noqa: E402
 from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS  # noqa: E402
 from disco.engines.torch_engine import _forward  # noqa: E402

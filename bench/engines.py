@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cpu_backends import bandwidth_gbs, say  # noqa: E402
 
-from disco.cpu import linear_weight_bytes  # noqa: E402
+from disco.cpu_backends import linear_weight_bytes  # noqa: E402
 from disco.decode import DecodeConfig, target_generate  # noqa: E402
 from disco.engines.llamacpp import verify_mode  # noqa: E402
 from disco.engines.registry import as_engine  # noqa: E402

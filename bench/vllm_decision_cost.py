@@ -13,7 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 from disco.artifact import load_artifact  # noqa: E402
-from disco.cpu import VLLM_DRAFT, LoadProfiles  # noqa: E402
+from disco.load_profiles import VLLM_DRAFT, LoadProfiles  # noqa: E402
 from disco.options import PairOptions  # noqa: E402
 from disco.pair import load_pair  # noqa: E402
 from disco.policy_registry import PolicySpec  # noqa: E402

@@ -107,7 +107,7 @@ def compare(
 ) -> None:
     """`disco compare`: every row on the same prompts; the tables on stdout, compare.json and plots under `out`."""
     from disco.compare import check_seeds, default_entries, report, run_compare, select_entries, written
-    from disco.cpu import LoadProfiles
+    from disco.load_profiles import LoadProfiles
     from disco.pair import apply_pair_file, load_pair
     from disco.prompts import load_prompt_sources
 

@@ -31,7 +31,6 @@ from typing import Iterator, Sequence
 import torch
 
 from disco.cost import CostModel
-from disco.cpu import LoadProfiles
 from disco.crash import keep
 from disco.decode import DecodeConfig, GenResult, GenStats, warp
 from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H
@@ -39,6 +38,7 @@ from disco.engines.base import Anchor, CompareRow, Variant
 from disco.engines.registry import ANCHOR_NAMES, teacher_forced
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, atomic_write_text, write_dir
+from disco.load_profiles import LoadProfiles
 from disco.pair import Pair
 from disco.policy_registry import PolicySpec
 from disco.prompts import Prompt

@@ -85,7 +85,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_DEVICE = "auto"  # cuda if available, else cpu
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_DTYPE = "auto"  # bfloat16 on cuda, float32 on cpu
-# torch engine: how the CPU computes Linear layers (cpu.py). The fastest backend that keeps float32
+# torch engine: how the CPU computes Linear layers (cpu_backends.py). The fastest backend that keeps float32
 # greedy output unchanged (bench/RESULTS.md, issue 3).
 CPU_BACKENDS = ("eager", "transposed", "onednn", "int8")
 DEFAULT_CPU_BACKEND = "onednn"

@@ -33,7 +33,7 @@ class PairOptions:
     cpu_backend: str = DEFAULT_CPU_BACKEND  # torch on the CPU: how Linear layers compute (cpu.py)
     cache: str = DEFAULT_CACHE  # torch: static, dynamic or auto KV caches
     compile: bool | None = None  # torch, static caches: captured steps (None: on for static caches on cuda)
-    threads: int | None = None  # llama.cpp: CPU threads (None: the cores this process may use, cpu.usable_cores)
+    threads: int | None = None  # llama.cpp: CPU threads (None: the cores this process may use, machine.usable_cores)
     verify: str = DEFAULT_VERIFY  # llama.cpp: exact or fast verification
     draft_quant: str = DEFAULT_DRAFT_QUANT  # llama.cpp: re-quantize the draft (auto, none, q4_0, q8_0)
     repack: str = DEFAULT_REPACK  # llama.cpp: weight repacking (auto: probed once per file, build and CPU)

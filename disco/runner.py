@@ -14,11 +14,11 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from disco.cpu import LoadProfiles
 from disco.decode import DecodeConfig, GenResult, generate_ids, target_generate
 from disco.engines.base import Anchor, Runner, Variant
 from disco.engines.registry import ENGINE_KINDS
 from disco.errors import DiscoError
+from disco.load_profiles import LoadProfiles
 from disco.pair import Pair
 from disco.policy_registry import PolicySpec
 from disco.profile import profile_pair

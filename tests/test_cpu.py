@@ -1,4 +1,4 @@
-"""CPU backends (disco/cpu.py): every backend keeps greedy speculative decoding lossless relative
+"""CPU backends (disco/cpu_backends.py): every backend keeps greedy speculative decoding lossless relative
 to its own target-only decoding; the float32 backends keep eager's numbers (up to rounding)."""
 
 import copy
@@ -12,22 +12,12 @@ import torch
 from tiny import EOS, char_tokenizer, save_tiny, tiny_pair, tiny_qwen
 from torch import nn
 
-from disco.cpu import (
-    FLOAT32_EXACT,
-    SIDE_ENGINE,
-    VLLM_DRAFT,
-    LoadProfiles,
-    apply_cpu_backend,
-    cpu_backend_of,
-    draft_threads,
-    linear_weight_bytes,
-    machine_text,
-    profile_machine_warning,
-    this_machine,
-)
+from disco.cpu_backends import FLOAT32_EXACT, apply_cpu_backend, cpu_backend_of, linear_weight_bytes
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
 from disco.errors import DiscoError
+from disco.load_profiles import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles, profile_machine_warning
+from disco.machine import draft_threads, machine_text, this_machine
 from disco.options import PairOptions
 from disco.pair import load_pair
 from disco.policy import ConstantPolicy, HeuristicPolicy, ThresholdPolicy

@@ -424,7 +424,7 @@ def test_disco_profile_command(tmp_path, capsys, monkeypatch):
     from test_cli import cli
     from tiny import char_tokenizer, save_tiny
 
-    from disco.cpu import DEFAULT_CPU_BACKEND
+    from disco.defaults import DEFAULT_CPU_BACKEND
     from disco.embedded import CACHE_ENV
 
     target, draft = tiny_pair(dtype=torch.float32)

@@ -496,7 +496,8 @@ def test_serving_rows_by_proposer(pair):
 def test_each_proposer_decides_with_its_own_load_profile(pair, tmp_path, capsys):
     """--load-profile names one profile per proposer (each records which): disco's proposer on vLLM's draft
     decides with the one measured on vLLM's draft, the side engine with its own, silently."""
-    from disco.cpu import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles, this_machine
+    from disco.load_profiles import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles
+    from disco.machine import this_machine
     from disco.vllm.engine import DISCO_DRAFT
 
     files = []

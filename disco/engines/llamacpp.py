@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 from disco import embedded
-from disco.cpu import usable_cores
 from disco.defaults import (
     DEFAULT_CACHE,
     DEFAULT_N_BATCH,
@@ -64,6 +63,7 @@ from disco.engines.llamacpp_lib import (
 from disco.engines.llamacpp_repack import RepackChoice, choose
 from disco.errors import DiscoError
 from disco.hub import check_same_tokenizer, gguf_tokenizer, load_tokenizer
+from disco.machine import usable_cores
 from disco.options import PairOptions
 
 EXACT_PROBE_WIDTHS = (4, 3, 2)  # batch widths the exact-width probe tries, widest first

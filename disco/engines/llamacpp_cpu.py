@@ -35,32 +35,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from disco.machine import cpu_flags, cpu_name
+
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # as pinned in pyproject.toml
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")  # /proc/cpuinfo names
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 WHEEL_MARKER = "build.json"
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (Linux; empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cpu_key() -> str:

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from disco.cpu import usable_cores
 from disco.defaults import DRAFT_QUANT_CHOICES
 from disco.errors import DiscoError
+from disco.machine import usable_cores
 
 INSTALL_HINT = (
     "install it with `pip install 'disco-spec[llamacpp]'` (llama-cpp-python 0.3.36, what `make install` does; "

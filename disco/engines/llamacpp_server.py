@@ -44,10 +44,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from disco.cpu import usable_cores
 from disco.defaults import LLAMA_SERVER_DRAFT_N_MAX, LLAMA_SERVER_DRAFT_N_MIN, LLAMA_SERVER_DRAFT_P_MIN
 from disco.engines.llamacpp_build import BINARY_NAME, server_binary
 from disco.errors import DiscoError
+from disco.machine import usable_cores
 from disco.rounds import eos_cut
 from disco.stats import GenResult, GenStats
 

@@ -34,7 +34,7 @@ import weakref
 import torch
 
 from disco import embedded
-from disco.cpu import apply_cpu_backend, check_cpu_backend, cpu_backend_of
+from disco.cpu_backends import apply_cpu_backend, check_cpu_backend, cpu_backend_of
 from disco.defaults import DEFAULT_CACHE
 from disco.engines.base import EngineKind, PairParts, Variant, sync
 from disco.engines.torch_engine_cache import (
@@ -322,7 +322,7 @@ class TorchEngine:
         check_compatible(self.model, draft.model)
 
     def pair_description(self, draft: TorchEngine) -> dict:
-        # how the CPU computes the Linear layers (disco/cpu.py); int8 changes the numbers
+        # how the CPU computes the Linear layers (disco/cpu_backends.py); int8 changes the numbers
         cpu = cpu_backend_of(self.model) if self.device.type == "cpu" else None
         return {"cpu_backend": cpu, "engine": self.describe()}
 
@@ -358,7 +358,7 @@ ENCODER_DECODER_CPU_BACKEND = "transposed"
 
 def load_pair(options: PairOptions) -> PairParts:
     """transformers models (ids, folders, GGUF files dequantised), or the embedded pair converted to
-    safetensors; on the CPU both models' Linear layers use `cpu_backend` (disco/cpu.py); `cache`: their
+    safetensors; on the CPU both models' Linear layers use `cpu_backend` (disco/cpu_backends.py); `cache`: their
     KV caches (CACHES); `compile`: captured steps, on, off or None = auto (TorchEngine.set_compile)."""
     target, draft, cpu_backend, cache = options.target, options.draft, options.cpu_backend, options.cache
     check_cache(cache)

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from disco import embedded
-from disco.cpu import draft_threads
 from disco.defaults import (
     DEFAULT_CACHE,
     DEFAULT_DRAFT_QUANT,
@@ -45,6 +44,7 @@ from disco.engines.llamacpp_lib import EMBEDDED_DRAFT_QUANT, is_gguf, requantize
 from disco.engines.torch_engine import TorchEngine
 from disco.errors import DiscoError
 from disco.hub import check_same_tokenizer, eos_ids, gguf_tokenizer, load_config, load_model, load_tokenizer
+from disco.machine import draft_threads
 from disco.options import PairOptions
 from disco.policy_registry import PolicySpec
 from disco.stats import GenResult, GenStats
@@ -437,7 +437,7 @@ def load_pair(options: PairOptions) -> PairParts:
             draft_path = requantized(draft_path, options.draft_quant)
     tokenizer = load_tokenizer(str(target_dir))
     # The proposer drafts inside vLLM's worker, which `vllm serve` binds to one core: the draft gets no more
-    # threads than the cores this process may use (cpu.draft_threads)
+    # threads than the cores this process may use (machine.draft_threads)
     if is_gguf(draft_path):
         check_same_tokenizer(tokenizer, gguf_tokenizer(draft_path), *names)
         # fast: the draft catches up on the tokens vLLM accepted in one batch (the draft never changes the output)

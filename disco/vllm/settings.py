@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from disco.cost import CostModel
-from disco.cpu import VLLM_DRAFT, LoadProfiles
 from disco.errors import DiscoError
+from disco.load_profiles import VLLM_DRAFT, LoadProfiles
 from disco.policy_registry import PolicySpec
 
 # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "profile": PATH or [PATH, ...], "closed_loop": bool}

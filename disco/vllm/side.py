@@ -34,11 +34,11 @@ import numpy as np
 import torch
 
 from disco.cost import CostModel, load_view
-from disco.cpu import SIDE_ENGINE, LoadProfiles
 from disco.decode import DecodeConfig, Drafter
 from disco.defaults import SIDE_DRAFT_SEQS
 from disco.engines.base import BatchedDraft
 from disco.errors import DiscoError, said_in_one_line
+from disco.load_profiles import SIDE_ENGINE, LoadProfiles
 from disco.policy import StoppingPolicy, decide_now
 from disco.policy_registry import PolicySpec
 from disco.rounds import decide_token, draft_window, end_round, leading_run, opens_window

@@ -19,11 +19,12 @@ import numpy as np
 import torch
 
 from disco.cost import CostModel
-from disco.cpu import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles, this_machine
 from disco.defaults import DEFAULT_VLLM_MAX_SEQS, DEFAULT_VLLM_PROPOSERS, VLLM_PROFILE_BATCHES, VLLM_PROFILE_WINDOWS
 from disco.engines.base import Continuation, EngineKind
 from disco.errors import DiscoError
 from disco.hub import load_model
+from disco.load_profiles import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles
+from disco.machine import this_machine
 from disco.policy_registry import PolicySpec
 from disco.prompts import context_ids
 from disco.stats import GenResult
@@ -313,7 +314,7 @@ def profile_load(
         "steps": steps,
         "pair": pair.describe(),
         "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "machine": this_machine(),  # its step costs are this machine's (cpu.LoadProfiles warns elsewhere)
+        "machine": this_machine(),  # its step costs are this machine's (load_profiles.LoadProfiles warns elsewhere)
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

