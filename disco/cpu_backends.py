@@ -3,7 +3,7 @@
 A decode step of a 1–2 B model on a CPU is memory-bound: it reads every Linear weight once.
 Verifying k draft tokens reads the same weights, so it should cost about one step. With
 PyTorch's default `F.linear` it does not: MKL's sgemm takes a slow path for 2–16 rows (a
-1.5B target verifies 8 tokens at ~4x the cost of one; see bench/RESULTS.md, "CPU backends").
+1.5B target verifies 8 tokens at ~4x the cost of one; see bench/results/torch-cpu.md, "CPU backends").
 A backend swaps each `nn.Linear` of a loaded model for a module of ours with the same
 interface (what torch.ao's quantize_dynamic does); transformers' code is not touched.
 
