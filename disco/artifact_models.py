@@ -175,8 +175,8 @@ class LightGBMModel:
         """(F,) or (B, F) features on `device` -> 0-dim or (B,) P(accept) (through `calibration`). On an
         accelerator the trees run as tensor ops there (tree_tensors.py: no copy to the host, no sync per
         decision); on a CPU the booster's own predict, one call for a batch, and the calibration in numpy are
-        the cheaper (bench/RESULTS.md, "The decision's cost"). LightGBM also runs what the tensor form cannot
-        hold (categorical splits, linear trees)."""
+        the cheaper (bench/results/decision-cost.md, "The decision's cost on vLLM's draft, third session").
+        LightGBM also runs what the tensor form cannot hold (categorical splits, linear trees)."""
         trees = None
         if torch.device(device).type != "cpu":
             trees = TreeTensors.from_booster(self.booster, self.columns, device)
