@@ -50,7 +50,7 @@ def is_gguf(path: str | Path) -> bool:
 # A draft may be re-quantized: the draft never changes the output, only how fast it drafts. Q4_0
 # (output matrix included) runs llama.cpp's fastest repacked CPU kernels; measured on the embedded
 # draft: 9.0 ms/token against 16.4 for its Q4_K_M file, top-1 agreement with the target unchanged
-# (bench/RESULTS.md "llama.cpp engine").
+# (bench/results/llamacpp.md, "llama.cpp engine").
 DRAFT_QUANTS = {"q4_0": 2, "q8_0": 7}  # name -> llama_ftype (LLAMA_FTYPE_MOSTLY_*)
 assert set(DRAFT_QUANT_CHOICES) == {"auto", "none", *DRAFT_QUANTS}, "defaults.DRAFT_QUANT_CHOICES"
 # the embedded draft runs re-quantized to Q4_0 (1.8x faster, same top-1 agreement). The target is never
