@@ -19,7 +19,7 @@ round like k+1 one-token steps, and a greedy argmax can flip. Two verification m
            (measured over 96 positions: widths 2 and 3 bit-identical, 4 differs by up to 0.56 and
            flips an argmax). Greedy output then equals target-only decoding bit for bit, at the
            price of the batching gain: each gemv row re-reads the weights, so on a 2-core CPU
-           verify(k) costs nearly k one-token steps (bench/RESULTS.md, "llama.cpp engine").
+           verify(k) costs nearly k one-token steps (bench/results/llamacpp.md, "llama.cpp engine").
     fast   one batched llama_decode per verification (what llama.cpp's own speculative
            decoding does): cheapest, but its output may differ from target-only decoding;
            compare reports the mismatch.
