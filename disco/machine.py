@@ -65,8 +65,8 @@ def draft_threads(threads: int | None) -> int:
 # What names a machine in a record of costs measured on it. The usable cores are recorded but not compared:
 # under `vllm serve` the proposer runs in a worker bound to fewer cores than `disco profile` had, on the
 # same machine. The vector extensions, because a VM's CPU name may be as bare as "AMD EPYC", and vLLM's bf16
-# step over 8 tokens costs 1.21 s with AVX2 alone against 0.18 s with AVX-512 BF16 (bench/RESULTS.md, "Fifth
-# session"); a record without a key (made before it was recorded) is compared on the keys it has.
+# step over 8 tokens costs 1.21 s with AVX2 alone against 0.18 s with AVX-512 BF16
+# (bench/results/vllm-avx2-cpu.md, "A CPU where no window pays"); a record without a key (made before it was recorded) is compared on the keys it has.
 MACHINE_KEYS = ("cpu", "isa", "cores", "memory_gib")
 # the CPU features that decide what a bf16/float32 matmul costs (in /proc/cpuinfo's spelling)
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
