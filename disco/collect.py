@@ -269,7 +269,7 @@ def teacher_forced_trace(
 def target_continuation(pair: Pair, prompt_ids: Sequence[int], config: DecodeConfig) -> tuple[list[int], torch.Tensor]:
     """The target's continuation y (greedy, or sampled with config.seed) by plain target-only decoding,
     and the target's logits at every position of y from the same steps (so the trace needs no second
-    target pass). Target-only: on the llama.cpp engine no speculation pays at 2 threads (bench/RESULTS.md), and on torch the whole
+    target pass). Target-only: on the llama.cpp engine no speculation pays at 2 threads (bench/results/llamacpp.md), and on torch the whole
     collection still costs about one plain generation."""
     rows: list[torch.Tensor] = []
     y = target_generate(pair.target, list(prompt_ids), config, pair.eos_token_ids, rows).tokens
