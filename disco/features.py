@@ -206,8 +206,8 @@ def batch_logit_distribution(logits: torch.Tensor, tokens: torch.Tensor) -> Dist
     """batch_distribution of softmax(logits), computed from the logits without the (B, V) probabilities:
     with x = l − max and e = exp(x), Z = Σe, p = e / Z and the entropy −Σ p·log p = log Z − Σ e·x / Z. That
     spares the log of every probability, the dividing and a (B, V) temporary, which vLLM's proposer would
-    compute after every draft position (bench/RESULTS.md, "Fifth session": 2.6-3x faster alone at 8 rows,
-    18 % off the whole decision at one request in situ). Equal to batch_distribution within its float32
+    compute after every draft position (bench/results/vllm-avx2-cpu.md, "A CPU where no window pays":
+    2.6-3x faster alone at 8 rows, 18 % off the whole decision at one request in situ). Equal to batch_distribution within its float32
     rounding, and nearer float64 (tests/test_batch_features.py)."""
     parts = []
     for block, toks in _row_blocks(logits, tokens):
