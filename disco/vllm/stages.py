@@ -291,7 +291,7 @@ def profile_load(
         c_d = draft_s / max(drafts, 1)
     cost = CostModel(c_d, tuple(c_step[: max_window + 1]), "profile", tuple(c_step), c_draft)
     # what this profile cannot be: `vllm serve`'s process (its worker in a process of its own, on the cores vLLM
-    # binds it to, beside the engine core and the API server): its steps cost otherwise (bench/RESULTS.md,
+    # binds it to, beside the engine core and the API server): its steps cost otherwise (bench/results/closed-loop.md,
     # issue 47: 158 ms in-process, 248-286 ms served on a Zen 4), so the served proposer should seed its own
     # measurements with it (closed_loop), not decide by it alone
     process = f"in-process, {torch.get_num_threads()} threads (not vllm serve's worker)"
