@@ -7,7 +7,7 @@ wait. On a CPU nothing waits, so this test marks what would lie on the draft's d
 there, tensors made with device=, and whatever is computed from them) and counts the reads of marked tensors (and
 the host data copied into them) while a stand-in for vLLM (its draft loop, model, runner and bookkeeping: `World`)
 runs steps of the proposer's own code. `python tests/test_0_host_sync_vllm_draft.py` prints the counts per step
-(bench/RESULTS.md, "host waits of the decision on vLLM's draft").
+(bench/results/decision-cost.md, "2026-12-03: host waits of the decision on vLLM's draft").
 
 Named to run first in the suite's worker process: once a real vLLM instance has run in a process (tests/test_vllm*.py,
 test_collect_vllm.py), the stand-in's marking of device tensors miscounts (seen in the full suite, not found why),
