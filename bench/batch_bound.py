@@ -1,4 +1,4 @@
-"""What a stopping rule can win on vLLM's batched draft, per concurrency (bench/RESULTS.md, "Serving at scale"): disco's
+"""What a stopping rule can win on vLLM's batched draft, per concurrency (bench/results/vllm-serving.md, "What a stopping rule can win"): disco's
 batched policies replayed in lockstep on vLLM traces (simulate.simulate_batched) under a load profile, against vLLM's
 fixed lengths and an oracle that knows every draft token's fate. Rerun: python bench/batch_bound.py --tune-traces
 TRAIN_TRACES --traces TEST_TRACES --profile bench/vllm/serve/profile-draft.json --out bench/vllm/serve/batch-bound
