@@ -1,4 +1,4 @@
-"""The engine table (bench/RESULTS.md "llama.cpp engine"): the embedded pair on torch float32 (onednn)
+"""The engine table (bench/results/llamacpp.md, "Engine table"): the embedded pair on torch float32 (onednn)
 and on llama.cpp (Q4_K_M target; the draft as shipped and re-quantized to Q4_0), in one run.
 
 Per engine: draft and target ms per token, verify(k)/decode(1) for k = 1..16 (llama.cpp: batched
