@@ -1,4 +1,4 @@
-"""Does a batched llama.cpp forward round like one-token decoding? (bench/RESULTS.md, "Exactness")
+"""Does a batched llama.cpp forward round like one-token decoding? (bench/results/llamacpp.md, "Exactness")
 
 The target's greedy continuation of a code prompt (96 tokens) is decoded one token at a time; the
 same tokens are then fed in batches of k after the same context, and the logits compared (max
