@@ -1,6 +1,6 @@
 """The distribution features of B draft rows (bf16 logits of the embedded pair's 151,936-token vocabulary), timed alone
 with the caches flushed before each call: from the probabilities (softmax, then top-k and p·log p: the definition)
-against from the logits (features.batch_logit_distribution). bench/RESULTS.md, "Fifth session". Rerun:
+against from the logits (features.batch_logit_distribution). bench/results/vllm-avx2-cpu.md, "A CPU where no window pays". Rerun:
 python bench/logit_features.py"""
 
 from __future__ import annotations
