@@ -1,4 +1,4 @@
-"""The measurements of issue 24 (bench/RESULTS.md, "MT-Bench"): MT-Bench's test questions, both turns, on the
+"""The measurements of issue 24 (bench/results/mtbench.md, "MT-Bench"): MT-Bench's test questions, both turns, on the
 default engine (llama.cpp) and where drafting pays (vLLM), every policy per category and pooled.
 
     python bench/mtbench_bench.py profile-c1                    vLLM's load profile seen by one request -> bench/vllm/profile-c1.json
