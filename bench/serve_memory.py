@@ -1,4 +1,4 @@
-"""Proposer memory under `vllm serve` (bench/RESULTS.md, "Serving at scale"): one OpenAI server with disco's
+"""Proposer memory under `vllm serve` (bench/results/vllm-serving.md, "Held-out test prompts"): one OpenAI server with disco's
 policy on vLLM's draft, driven by `vllm bench serve` (random prompts, short outputs) for 50 requests, then 450
 more; the worker's resident memory after the warm-up, after 50 and after 500 requests. Flat: nothing is kept
 per finished request. Rerun: python bench/serve_memory.py TARGET DRAFT SETTINGS.json OUT.json"""
