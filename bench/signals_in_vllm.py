@@ -1,5 +1,5 @@
 """What a classifier that reads the target's signals (last_*) loses inside vLLM, where its proposer never sees
-them (bench/RESULTS.md, "MT-Bench"): simulated speedup on the validation prompts of `disco train`'s split,
+them (bench/results/mtbench.md, "MT-Bench"): simulated speedup on the validation prompts of `disco train`'s split,
 each artifact under its cost rule and the given cost model, once with the signals the traces hold (disco's own
 loop) and once with none (vLLM: they stay at their before-any-window values, features.NO_SIGNALS).
 
