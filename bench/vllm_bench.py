@@ -1,4 +1,4 @@
-"""The vLLM benchmark of issue 23 on the embedded pair (bench/RESULTS.md, "vLLM serving engine").
+"""The vLLM benchmark of issue 23 on the embedded pair (bench/results/vllm-serving.md, "vLLM serving engine").
 
     python bench/vllm_bench.py tune-k  K,K,... OUT      vLLM's draft-model decoding at fixed lengths, validation prompts
     python bench/vllm_bench.py tune-policy OUT          disco's proposer: threshold grid + classifier rules, validation
