@@ -1,4 +1,4 @@
-"""What disco's decision costs on vLLM's own batched draft (bench/RESULTS.md, "Serving at scale"): the embedded pair
+"""What disco's decision costs on vLLM's own batched draft (bench/results/decision-cost.md, "The decision's cost on vLLM's draft"): the embedded pair
 in vLLM in-process (bf16), disco's proposer on vLLM's draft with each policy, test prompts submitted in groups of
 B = 1, 4, 8; per draft position, the policy's time for the whole batch (features, model, rule) against vLLM's
 batched draft forward (the rest of the draft loop). Rerun: python bench/vllm_decision_cost.py [N_PROMPTS [TOKENS
