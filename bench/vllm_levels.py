@@ -1,6 +1,6 @@
 """disco's load-aware classifier against vLLM target-only at 2 and 4 concurrent requests, on the test prompts
-of bench/vllm_bench.py (15 x 128 tokens): where the cost rule stops drafting (bench/RESULTS.md, "vLLM serving
-engine"). Usage: python bench/vllm_levels.py OUT"""
+of bench/vllm_bench.py (15 x 128 tokens): where the cost rule stops drafting
+(bench/results/vllm-serving.md, "vLLM serving engine"). Usage: python bench/vllm_levels.py OUT"""
 
 import os
 import sys
