@@ -1,5 +1,5 @@
 """A never-drafting disco proposer inside vLLM against vLLM target-only, 16 prompts x 64 tokens at 8 requests:
-what vLLM's speculative path costs when nothing is proposed (bench/RESULTS.md, "vLLM serving engine").
+what vLLM's speculative path costs when nothing is proposed (bench/results/vllm-serving.md, "vLLM serving engine").
 Usage: python bench/vllm_overhead.py  (after bench/vllm_prompts.py bench/out/vllm/val.jsonl 3 8)."""
 
 import os
