@@ -1,4 +1,4 @@
-"""What vLLM's speculative path costs when disco's proposer proposes nothing (bench/RESULTS.md, "Sixth session"):
+"""What vLLM's speculative path costs when disco's proposer proposes nothing (bench/results/vllm-avx2-cpu.md, "A proposer that never drafts"):
 vLLM target-only against the draft_model instance with disco's never-drafting policy, in this process,
 alternated, ms per decode step.
 Usage: python bench/vllm_spec_path.py tiny [TOKENS [REPEATS]]      (tests/test_vllm.py's tiny float32 models)
