@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurements behind bench/RESULTS.md for the embedded pair on the CPU, and how the shipped
+# The measurements behind bench/results/embedded-pair.md for the embedded pair on the CPU, and how the shipped
 # classifier in models/embedded-qwen2.5-coder was made. Every step resumes or is quick to redo.
 # On a 2-core CPU: collection ~25 s per prompt at 128 tokens (all 273 train prompts: ~2 h; the
 # collector takes the tasks in turn, so stopping it early (kill / Ctrl-C) leaves a balanced trace
