@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurements behind bench/RESULTS.md "llama.cpp engine", and how the shipped llama.cpp classifier
+# The measurements behind bench/results/llamacpp.md, "llama.cpp engine", and how the shipped llama.cpp classifier
 # in models/embedded-qwen2.5-coder-llamacpp was made. Every step resumes or is quick to redo.
 # On a 2-core CPU: collection ~10 s per train prompt at 128 tokens, profile ~1.5 min, training ~1 min,
 # server tuning ~5 min, compare ~1 min per test prompt, engine table ~6 min (converts the pair for
@@ -27,7 +27,7 @@ for step in $STEPS; do case $step in
     $DISCO profile --engine llama.cpp --verify exact --out "$OUT/profile-exact.json" 2>&1 | tee "$OUT/profile-exact.log"
     $DISCO profile --engine llama.cpp --verify fast --out "$OUT/profile-fast.json" 2>&1 | tee "$OUT/profile-fast.log" ;;
   train)  # 3. the classifier, its threshold and the baselines tuned on validation prompts, under fast
-    # verification's costs: with exact verification no window pays on this machine (bench/RESULTS.md)
+    # verification's costs: with exact verification no window pays on this machine (bench/results/llamacpp.md)
     $DISCO train --traces "$TRACES" --profile "$OUT/profile-fast.json" --model "$MODEL" \
       --out "$CLASSIFIER" --ablate 2>&1 | tee "$OUT/train.log" ;;
   tune)  # 4. llama-server -md tuned on the same validation prompts (writes $CLASSIFIER/server-tuned.json)
