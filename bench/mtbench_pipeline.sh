@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurements behind bench/RESULTS.md "MT-Bench" (issue 24): MT-Bench train traces (both turns) beside the
+# The measurements behind bench/results/mtbench.md, "MT-Bench" (issue 24): MT-Bench train traces (both turns) beside the
 # shipped sets', the shipped llama.cpp policy retrained on both, the same traces trained under vLLM's costs at
 # one request (tuned settings for the vLLM rows, and the cross-task report of what MT-Bench adds), then compare
 # on the 32 MT-Bench test prompts (16 questions x 2 turns) x 128 tokens on llama.cpp and on vLLM.
