@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurements behind bench/RESULTS.md "Sampling at temperature 0.7" (issue 14): sampled traces at
+# The measurements behind bench/results/sampling.md, "Sampling at temperature 0.7" (issue 14): sampled traces at
 # T = 0.7, top-p 0.95 on both engines, the classifier and every baseline tuned for that setting, and one
 # `disco compare` per engine at the same setting on held-out test prompts, 3 seeds each, beside the
 # greedy-trained classifier. Every step resumes or is quick to redo. On a 2-core CPU: llama.cpp
