@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurements behind bench/RESULTS.md "Signals a threshold cannot see" (issue 13): traces with the
+# The measurements behind bench/results/signals.md, "Signals a threshold cannot see" (issue 13): traces with the
 # draft's hidden state and the target-side signals, every rule trained and tuned on validation prompts,
 # and one `disco compare` per engine on held-out test prompts. Every step resumes or is quick to redo.
 # On a 2-core CPU: llama.cpp collection ~5 s per train prompt at 128 tokens (273 prompts: ~22 min),
