@@ -98,7 +98,7 @@ CPU_BACKEND_HELP = {
 CACHES = ("auto", "static", "dynamic")  # torch engine: the models' KV caches
 DEFAULT_CACHE = "auto"  # static for decoder-only models on CUDA, dynamic elsewhere (torch_engine.resolve_cache)
 VERIFY_MODES = ("fast", "exact")  # llama.cpp engine
-DEFAULT_VERIFY = "exact"  # lossless by default (engines/llamacpp.py docstring, bench/results/llamacpp.md, "llama.cpp engine")
+DEFAULT_VERIFY = "exact"  # lossless by default (engines/llamacpp.py; bench/results/llamacpp.md, "llama.cpp engine")
 # llama.cpp engine: engines.llamacpp_lib.DRAFT_QUANTS + auto, none
 DRAFT_QUANT_CHOICES = ("auto", "none", "q4_0", "q8_0")
 DEFAULT_DRAFT_QUANT = "auto"  # q4_0 for the embedded pair, else the draft as it is
@@ -126,7 +126,7 @@ DEFAULT_VLLM_KV_GIB = 1  # host RAM (whole GiB: vLLM parses an int) each vLLM in
 SERVING_LEVELS = (1, 2, 4, 8)  # train on a batched vLLM profile: the loads its rule is chosen for (lockstep)
 DEFAULT_CONCURRENCY = "1,8"  # compare --engine vllm: requests submitted together, one run per level
 DEFAULT_VLLM_MAX_SEQS = 8  # requests one vLLM instance runs at once at least (more when --concurrency asks)
-DEFAULT_COLLECT_MAX_BATCH = 32  # collect --engine vllm: requests decoded at once (bench/results/collection.md: 1.17x the rate of 16)
+DEFAULT_COLLECT_MAX_BATCH = 32  # collect --engine vllm: requests at once (bench/results/collection.md: 1.17x 16's rate)
 DEFAULT_VLLM_FIXED_K = 3  # vLLM's own draft-model rows: this fixed length, and the tuned one
 # disco's proposers compare runs inside vLLM: "draft" on vLLM's own batched draft (vllm/draft.py), "side" on
 # a draft engine of its own (side.DiscoProposer)

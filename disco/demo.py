@@ -72,7 +72,8 @@ def run_demo(
 def _profile(pair, out: Path) -> Path:
     """The pair's cost model on this machine, which the classifier's threshold is tuned for. On
     llama.cpp: that of fast verification, as for the shipped classifier (with exact verification no
-    window pays on a 2-core CPU: bench/results/llamacpp.md, "llama.cpp engine"): the engine's variant, where it has one."""
+    window pays on a 2-core CPU: bench/results/llamacpp.md, "llama.cpp engine"): the engine's variant, where it
+    has one."""
     import contextlib
 
     from disco.files import atomic_write_json

@@ -277,7 +277,8 @@ class VllmTarget:
         params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=sorted(eos))
         # every run pays its prompts' prefill, as in a fresh server: compare runs the same prompts row after row
         # on one instance, and a prompt cached by an earlier row would make a later one look cheap (prefill
-        # costs about a decode step per token on an AVX2-only CPU: bench/results/vllm-avx2-cpu.md, "A CPU where no window pays")
+        # costs about a decode step per token on an AVX2-only CPU:
+        # bench/results/vllm-avx2-cpu.md, "A CPU where no window pays")
         llm.reset_prefix_cache()
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
