@@ -1,11 +1,24 @@
 """The tests run in a worker process (pyproject.toml's addopts: `-n 1`, pytest-xdist): a test that crashes
 in native code (llama.cpp, torch) fails alone, its worker is replaced, and the suite goes on to its summary
 line. These hooks name the signal that killed the worker, and stop a worker that crashes while collecting
-(its replacements would crash the same way, one after another)."""
+(its replacements would crash the same way, one after another).
 
+It also marks the files that start vLLM (`vllm`), and holds the fixtures several test files use; the helpers they
+share are in tests/helpers.py, the tiny models in tests/tiny.py and tests/tiny_gguf.py (a test file imports from
+those, never from another test file)."""
+
+import os
 import signal
 
 import pytest
+import torch
+from tiny import char_tokenizer, save_tiny, tiny_pair
+
+from disco.pair import pair_from_models
+
+# vLLM in this process, not in a child: the tests read the counts its proposer keeps (disco/vllm/engine.py sets
+# the same for disco's own instances; set here, before any test file imports vLLM)
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 _collected: set[str] = set()  # the workers that got through collection
 
@@ -39,12 +52,36 @@ def pytest_testnodedown(node, error):
         pytest.exit(f"the test worker crashed while collecting the tests ({how}): its output is above", 3)
 
 
-# the test files that start vLLM (in-process instances, `vllm serve`): marked `vllm`, left out of `make test-fast`
-VLLM_FILES = ("test_vllm.py", "test_vllm_draft.py", "test_vllm_closed_loop.py", "test_vllm_gpu_config.py",
-              "test_collect_vllm.py")  # fmt: skip
+def is_vllm_file(name: str) -> bool:
+    """The test files that start vLLM (in-process instances, `vllm serve`) are named test_vllm*.py or test_*_vllm.py:
+    marked `vllm`, left out of `make test-fast`. (test_0_host_sync_vllm_draft.py runs a stand-in, not vLLM.)"""
+    return name.startswith("test_vllm") or name.endswith("_vllm.py")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in VLLM_FILES:
+        if is_vllm_file(item.path.name):
             item.add_marker(pytest.mark.vllm)
+
+
+# --- fixtures the test files share (a file's own fixture of the same name takes its place there) ---------------
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Tiny float32 model folders: (target, draft, the draft with another tokenizer: one more special token)."""
+    root = tmp_path_factory.mktemp("pair")
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    tok = char_tokenizer()
+    t = save_tiny(target, tok, root / "target")
+    d = save_tiny(draft, tok, root / "draft")
+    other = char_tokenizer()
+    other.add_special_tokens({"bos_token": "<s>"})  # a different tokenizer: one more special token
+    o = save_tiny(draft, other, root / "other")
+    return t, d, o
+
+
+@pytest.fixture(scope="module")
+def pair32():
+    """A tiny float32 pair in memory (noise 0.1), for the collector (with helpers.CONFIG and make_prompts)."""
+    return pair_from_models(*tiny_pair(noise=0.1, dtype=torch.float32), char_tokenizer())

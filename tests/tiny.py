@@ -8,7 +8,7 @@ import string
 from pathlib import Path
 
 import torch
-from transformers import PretrainedConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, PretrainedConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
@@ -65,6 +65,28 @@ def perturbed(model: torch.nn.Module, noise: float, seed: int = 1, by_name: bool
     return draft
 
 
+def tiny_vllm_qwen(seed: int = 0, vocab: int = 384) -> Qwen2ForCausalLM:
+    """A float32 Qwen2 vLLM's CPU attention takes (head size 64)."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,  # head size 64
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)  # far from ties: greedy choices are stable in float32
+    return model
+
+
 def tiny_pair(noise: float = 0.3, seed: int = 0, dtype: torch.dtype = torch.float64):
     target = tiny_qwen(seed, dtype)
     return target, perturbed(target, noise, seed + 1)
@@ -74,6 +96,11 @@ def save_tiny(model: torch.nn.Module, tokenizer, folder: Path) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def save_char_tiny(model: torch.nn.Module, folder: Path) -> Path:
+    """The model with the character-level tokenizer."""
+    return save_tiny(model, char_tokenizer(), folder)
 
 
 def _output(logits: torch.Tensor, keep: int, positions: list[int], hidden: bool):
@@ -128,3 +155,27 @@ class DistStubLM(StubLM):
         cache.update(torch.zeros(1, 1, n, 1), torch.zeros(1, 1, n, 1), 0)
         logits = torch.stack([self.dist(start + j).log() for j in range(n)]).unsqueeze(0)
         return _output(logits, logits_to_keep or n, list(range(start, start + n)), output_hidden_states)
+
+
+POSITION_VOCAB = 12  # the position stubs' vocabulary
+
+
+class PositionStub(DistStubLM):
+    """DistStubLM that also runs without a cache, as the collector's teacher-forced forward calls it."""
+
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, output_hidden_states=False):
+        return super().forward(
+            input_ids, DynamicCache() if cache is None else cache, use_cache, logits_to_keep, output_hidden_states
+        )
+
+
+def position_stub_pair() -> tuple[PositionStub, PositionStub]:
+    """Distributions that depend on the position only: teacher-forced features equal the live ones
+    even after a mismatch, so every policy must simulate exactly."""
+    g = torch.Generator().manual_seed(0)
+    t_logits = torch.randn(200, POSITION_VOCAB, generator=g) * 3
+    d_logits = t_logits + torch.randn(200, POSITION_VOCAB, generator=g) * 2.5
+    return (
+        PositionStub(lambda i: torch.softmax(t_logits[i], -1), POSITION_VOCAB),
+        PositionStub(lambda i: torch.softmax(d_logits[i], -1), POSITION_VOCAB),
+    )
