@@ -130,10 +130,16 @@ class Governor:
     # --- what happened ---------------------------------------------------------------------------------------
 
     def observe(
-        self, drafted: Sequence[int] | np.ndarray, accepted: Sequence[int] | np.ndarray, seconds: float
+        self,
+        drafted: Sequence[int] | np.ndarray,
+        accepted: Sequence[int] | np.ndarray,
+        seconds: float,
+        spell: bool = True,
     ) -> None:
         """One verified step: each request's drafted and accepted length (the step's decode requests), the step's
-        wall time (its target step, its drafting, its decisions: one propose() start to the next)."""
+        wall time (its target step, its drafting, its decisions: one propose() start to the next). spell: the step
+        ran the mode the governor chose (False: a warm-up probe, or a step waiting for stale requests: its outcomes
+        teach the acceptance estimates, its time judges no spell)."""
         d, a = np.asarray(drafted, dtype=np.int64), np.asarray(accepted, dtype=np.int64)
         self.steps += 1
         if not 0 < len(d) <= self.max_batch:
@@ -142,7 +148,8 @@ class Governor:
             j = np.arange(1, self.max_window + 1)[None, :]
             self.judged = self.judged * self.decay + ((j <= d[:, None]) & (j <= a[:, None] + 1)).sum(0)
             self.accepted = self.accepted * self.decay + (j <= np.minimum(a, d)[:, None]).sum(0)
-        self.spell.add(float((a + 1).sum()), seconds, len(d))
+        if spell:
+            self.spell.add(float((a + 1).sum()), seconds, len(d))
 
     def alphas(self) -> np.ndarray | None:
         """(K,) per-position conditional acceptance; None before any window was judged."""

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from disco.closed_loop import ClosedLoop
 from disco.cost import CostModel
 from disco.defaults import (
     CALIBRATION_REFIT,
@@ -388,3 +389,60 @@ def test_a_policy_that_wins_again_is_back_within_the_bound():
     back = next(i for i, c in enumerate(after) if c is None)
     assert back <= GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW
     assert all(c is None for c in after[back + 2 * GOVERNOR_WINDOW :])
+
+
+# --- the closed loop's schedule: probes by batch band, off steps, stale requests ------------------------------
+
+
+def _loop(skip_idle: bool = True) -> ClosedLoop:
+    return ClosedLoop(None, MAX_BATCH, 8, torch.device("cpu"), False, True, lambda line: None, skip_idle=skip_idle)
+
+
+def test_each_batch_band_is_probed_once():
+    """The first band seen probes every length three times (CLOSED_LOOP_PROBES); each later band (the largest power
+    of two <= the batch) the short ones; a band seen before probes nothing."""
+    loop = _loop()
+    assert [loop.override(1) for _ in range(12)] == [1, 2, 4, 8] * 3
+    assert [loop.override(3) for _ in range(9)] == [1, 2, 4] * 3  # band 2
+    assert loop.override(2) is None  # band 2 probed: the policy decides (costs not measured yet)
+    assert [loop.override(7) for _ in range(9)] == [1, 2, 4] * 3  # band 4
+    assert loop.override(5) is None and not loop.off
+
+
+def _step(loop: ClosedLoop, clock: list[float], batch: int, last: tuple[int, int], stale: bool) -> int | None:
+    """One proposer step with made-up seconds: the target step over the last step's tokens (0.1 s + 2 ms a token),
+    the decision, the draft positions (30 ms each; none when off). last: the window drafted and accepted."""
+    drafted, accepted = last
+    clock[0] += 0.1 + 0.002 * batch * (drafted + 1)
+    loop.step(clock[0], batch * (drafted + 1), np.full(batch, drafted), np.full(batch, accepted))
+    k = loop.override(batch, stale)
+    for _ in range(0 if loop.off else max(2 if k is None else k, 1)):  # (k = 0 with the pass: vLLM's catch-up)
+        clock[0] += 0.03
+        loop.position(batch, 0.03)
+    loop.ended(clock[0])
+    return k
+
+
+def test_an_off_governor_skips_the_draft_and_stale_requests_wait():
+    """Acceptance 0: the governor turns drafting off, and the proposer is told to skip the draft's pass (`off`);
+    when the policy's trial comes while requests that missed passes are in the batch, the loop runs k = 0 with the
+    pass on (not off), and those steps judge no spell; once the batch is fresh, the policy runs its trial."""
+    loop, clock = _loop(), [0.0]
+    last = (0, 0)
+    for _ in range(12):  # the probes (acceptance 0)
+        k = _step(loop, clock, 4, last, stale=False)
+        last = (k or 0, 0)
+    offs = 0
+    for _ in range(300):
+        k = _step(loop, clock, 4, last, stale=offs > 0)
+        offs += loop.off
+        if loop.governor.mode is None and offs:  # the policy's trial is due: the batch still has stale requests
+            break
+        last = (2 if k is None else k, 0)
+    assert offs >= GOVERNOR_WINDOW // 2 and loop.governor.mode is None and k == 0 and not loop.off
+    before = loop.governor.spell.steps
+    for _ in range(5):
+        assert _step(loop, clock, 4, (0, 0), stale=True) == 0 and not loop.off
+    assert loop.governor.spell.steps == before  # the rejoin's steps judge nothing
+    assert _step(loop, clock, 4, (0, 0), stale=False) is None  # fresh: the policy's trial
+    assert not _loop(skip_idle=False).off

@@ -39,6 +39,7 @@ from disco.batch_policy import (
     RequestState,
     RowState,
     never_drafts,
+    verified,
 )
 from disco.closed_loop import ClosedLoop
 from disco.cost import CostModel
@@ -117,6 +118,7 @@ class _DiscoDraft:
         self.own = spec is None
         self.loop: ClosedLoop | None = None
         self.decide_s, self.forward_s, self.n_positions = 0.0, 0.0, 0
+        self.n_skipped = 0  # steps whose draft pass the closed loop's governor skipped (off)
         if spec is None:
             return
         if not spec.runs_batched:
@@ -143,11 +145,13 @@ class _DiscoDraft:
             self.never_drafts = False
             self.loop = ClosedLoop(
                 load, most, self._k_most(), self.device, calibrate=isinstance(self.policy, BatchClassifier),
-                idle_position=True, say=lambda line: PROCESS.say_once("governor", f"disco: {line}"),
+                idle_position=True, say=lambda line: PROCESS.say_once("governor", f"disco: {line}"), skip_idle=True,
             )  # fmt: skip
             if self.loop.calibration is not None:
                 self.policy.predict = _calibrated(self.policy.predict, self)  # type: ignore[attr-defined]
         self._fixed: dict[int, BatchPolicy] = {0: BatchTarget()}  # the governor's fixed lengths, by k
+        # requests that missed the draft's pass in an off step (closed_loop.ClosedLoop): holes in the draft's KV cache
+        self._stale: set[str] = set()
         self.decider: BatchPolicy = self.policy  # who decided the last step: the policy or a fixed length
 
     def _pair_record(self) -> dict:
@@ -182,8 +186,12 @@ class _DiscoDraft:
         step = self._step
         k = num_speculative_tokens if step.may_draft else 0  # 0: vLLM only keeps the draft's KV in sync
         try:
-            if k or not self.never_drafts:  # (no request will ever draft: the draft's KV is never read)
+            off = self.loop is not None and self.loop.off  # (the governor drafts nothing: pass skipped, rows stale)
+            if k or not (self.never_drafts or off):  # (no request will ever draft: the draft's KV is never read)
                 super().propose(k, *args, **kwargs)  # type: ignore[misc]
+            elif off:
+                self._stale.update(st.request_id for st in step.states)
+                self.n_skipped += 1
         except _AllStopped:
             pass
         finally:
@@ -232,7 +240,7 @@ class _DiscoDraft:
             # what vLLM verified of the windows the classifier drafted last step (its p's, in the tables)
             loop.calibration.observe_windows(tables.p[rows[:, _SLOT]], verified, accepted)
         batch = Batch.under(states, loop.cost_model() if loop is not None else self.load, self._k_most(), state)
-        self.decider = self._decider(loop)
+        self.decider = self._decider(loop, states)
         drafts = self.decider.drafts(batch)
         tables.state.put(rows[:, _SLOT], state)
         # a mask on the host is read for free; one the policy makes on the device (cost-adaptive's forecasts) is
@@ -246,10 +254,12 @@ class _DiscoDraft:
         self.decider.start(batch, self.device)
         return _Step(self, states, known, rows[:, _SLOT], accepted, live, may_draft, k_max, context)
 
-    def _decider(self, loop: ClosedLoop | None) -> BatchPolicy:
-        """Who decides this step: the policy, or the fixed length the governor chose (closed_loop.ClosedLoop; the
-        policy still learns every outcome through update)."""
-        k = loop.override() if loop is not None else None
+    def _decider(self, loop: ClosedLoop | None, states: list[RequestState]) -> BatchPolicy:
+        """Who decides this step: the policy, or the fixed length the closed loop chose (closed_loop.ClosedLoop: a
+        probe, the governor's, 0 while a stale request is in the batch; the policy still learns every outcome
+        through update)."""
+        stale = bool(self._stale) and any(st.request_id in self._stale for st in states)
+        k = loop.override(len(states), stale) if loop is not None else None
         if k is None:
             return self.policy
         if k not in self._fixed:
@@ -267,6 +277,7 @@ class _DiscoDraft:
         ids = list(ib.req_ids[:n])
         for gone in [r for r in self.requests if r not in runner.requests]:  # finished or aborted: freed
             state = self.requests.pop(gone)
+            self._stale.discard(gone)
             if self.settings is not None and self.settings.keep_stats:
                 self.finished[gone] = state.stats
         tables.release([r for r in tables.slots if r not in runner.requests])
@@ -438,20 +449,22 @@ class _Step:
     def windows(self) -> list[list[int]]:
         """Each request's draft tokens for vLLM (its own number), remembered for the next step; what vLLM accepted
         of the last ones comes with them (the step's one read of the device) for the counts."""
-        n, verified = len(self.states), self.known[:, _VERIFIED]
-        accepted, drafted, tokens = [0] * n, [0] * n, [[] for _ in range(n)]
-        if self.tokens or verified.any():
-            parts = [self.accepted, self.drafted, *([torch.stack(self.tokens, 1).flatten()] if self.tokens else [])]
-            values = torch.cat(parts).tolist()
-            accepted, drafted, flat = values[:n], values[n : 2 * n], values[2 * n :]
+        n, judged = len(self.states), self.known[:, _VERIFIED]
+        accepted, drafted, handed, tokens = [0] * n, [0] * n, [0] * n, [[] for _ in range(n)]
+        if self.tokens or judged.any():
+            # what goes to verification: the decider's trim of the drafts (batch_policy.verified), by default all
+            trimmed = verified(self.proposer.decider, self.drafted) if self.tokens else self.drafted
+            stacked = [torch.stack(self.tokens, 1).flatten()] if self.tokens else []
+            values = torch.cat([self.accepted, self.drafted, trimmed, *stacked]).tolist()
+            accepted, drafted, handed, flat = values[:n], values[n : 2 * n], values[2 * n : 3 * n], values[3 * n :]
             self.accepted_now = accepted
             tokens = [flat[i * self.pos : (i + 1) * self.pos] for i in range(n)]
         held = self.proposer._tables.held
         for i, st in enumerate(self.states):
-            if verified[i]:
-                st.stats.record_window(int(verified[i]), accepted[i])
-            st.window = tokens[i][: drafted[i]]
-            st.stats.draft_forwards += len(st.window)  # its own positions (the batch may have run more, masked)
+            if judged[i]:
+                st.stats.record_window(int(judged[i]), accepted[i])
+            st.window = tokens[i][: handed[i]]
+            st.stats.draft_forwards += drafted[i]  # its own positions (the batch may have run more, masked)
             if self.context is not None:  # its tables row now holds its tokens through this step's sampled one
                 held[st.request_id] = int(self.known[i, _DONE]) + accepted[i] + 1
         return [st.window for st in self.states]
