@@ -5,40 +5,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from tiny import char_tokenizer, save_tiny, tiny_pair
-
-from disco.cli import main
+from helpers import cli
+from tiny import char_tokenizer
 
 CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
-    tok = char_tokenizer()
-    t = save_tiny(target, tok, root / "target")
-    d = save_tiny(draft, tok, root / "draft")
-    other = char_tokenizer()
-    other.add_special_tokens({"bos_token": "<s>"})  # a different tokenizer: one more special token
-    o = save_tiny(draft, other, root / "other")
-    return t, d, o
-
-
-def cli(capsys, *args):
-    """Run the real entry point in-process; return (exit code, stdout, stderr)."""
-    argv = sys.argv
-    sys.argv = ["disco", *map(str, args)]
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code or 0
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_generate_writes_json_identical_to_target(folders, tmp_path, capsys):
