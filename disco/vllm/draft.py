@@ -99,7 +99,8 @@ class _DiscoDraft:
             said += f", closed loop (costs measured here from {seed} start, calibration, governor)"
         if self.never_drafts and armed is None:  # (serving; in-process compare arms the target policy first)
             # vLLM still runs its speculative path every step, no draft proposed: the worker's draft bookkeeping
-            # and one more call from the engine for the drafts (bench/results/vllm-avx2-cpu.md, "A proposer that never drafts")
+            # and one more call from the engine for the drafts
+            # (bench/results/vllm-avx2-cpu.md, "A proposer that never drafts")
             said += (
                 ": it never drafts here (batch_policy.never_drafts: no window pays at any batch size, or the target "
                 "policy), so vLLM's draft is skipped; serving this machine without --speculative-config spares "
