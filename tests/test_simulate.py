@@ -5,152 +5,20 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
-from tiny import DistStubLM, tiny_pair
-from transformers import DynamicCache
+from helpers import ProbModel, cli, collected_trace, counts, random_traces, synthetic_trace
+from tiny import POSITION_VOCAB as V
+from tiny import position_stub_pair, tiny_pair
 
 from disco.classifier import ClassifierPolicy
-from disco.collect import trace_prompt
 from disco.cost import CostModel
 from disco.decode import DecodeConfig, GenStats, speculative_generate
 from disco.errors import DiscoError
-from disco.features import FEATURES, TOKEN_CLASSES, TOKEN_FEATURES, WINDOW_FEATURES, WindowState
-from disco.pair import Pair
+from disco.features import TOKEN_CLASSES
 from disco.policy_registry import make_policy
 from disco.simulate import prompt_traces, replay_policy, simulate, simulate_many
-from disco.trace import COLUMNS, HIDDEN_COLUMN, signals_at
-
-# --- trace builders (also used by test_train.py) --------------------------------------------
-
-
-def trace_frame(
-    prompt_id: str,
-    tok_feats: torch.Tensor,
-    draft_tokens,
-    target_tokens,
-    max_window: int = 20,
-    max_new: int | None = None,
-    task: str = "t",
-) -> pd.DataFrame:
-    """Trace rows in the schema of disco/trace.py, with the oracle's windows as the collector marks them."""
-    L = len(target_tokens)
-    max_new = L if max_new is None else max_new
-    labels = [int(d == t) for d, t in zip(draft_tokens, target_tokens)]
-    # target-side signal columns: varied, so a policy reading them sees different windows differently
-    top1, ent = np.full(L, 0.9), 0.1 + 0.01 * np.arange(L)
-    dpt = np.where(labels, tok_feats[:, TOKEN_FEATURES.index("p_chosen")].numpy(), 0.3)
-    window = torch.zeros(L, len(WINDOW_FEATURES))
-    window_id, drafted = [-1] * L, [False] * L
-    state, out, wid = WindowState(), 0, 0
-    while out < L:  # the oracle loop: draft until the first mismatch or the window cap
-        k_max, k = min(max_window, max_new - out - 1), 0
-        state.start()
-        for pos in range(1, k_max + 1):
-            j = out + pos - 1
-            if j >= L:
-                break
-            window[j] = state.step(tok_feats[j], pos)[len(TOKEN_FEATURES) :]
-            window_id[j], drafted[j], k = wid, True, pos
-            if not labels[j]:
-                break
-        n = int(np.cumprod(labels[out : out + k]).sum())
-        end = out + n
-        state.end(k, n, signals_at(top1[end], ent[end], dpt[end], n < k) if end < L else None)
-        wid += k > 0
-        out += min(n + 1, L - out)
-    feats = torch.cat([tok_feats, window], 1).double().numpy()
-    df = pd.DataFrame(feats, columns=list(FEATURES))
-    p = df["p_chosen"]
-    df = df.assign(
-        prompt_id=prompt_id,
-        task=task,
-        gen_pos=np.arange(L),
-        window_id=window_id,
-        oracle_drafted=drafted,
-        label=labels,
-        draft_token=list(draft_tokens),
-        target_token=list(target_tokens),
-        draft_prob=p,
-        target_prob=np.where(labels, 0.9, 0.05),
-        accept_prob=1.0,
-        overlap=0.5,
-        target_top1=top1,
-        target_prob_target=top1,
-        target_entropy=ent,
-        draft_prob_target=dpt,
-    )
-    # a 4-dim "hidden state" per position, float16 bytes as the collector stores it
-    hid = np.stack([df["p_chosen"], df["entropy"], np.sin(np.arange(L)), np.ones(L)], 1).astype(np.float16)
-    df[HIDDEN_COLUMN] = [row.tobytes() for row in hid]
-    df["gen_pos"] = df["gen_pos"].astype(float)  # the FEATURES column doubles as the id column
-    return df[list(dict.fromkeys(COLUMNS))]
-
-
-def synthetic_token_feats(p_chosen, copy=None) -> torch.Tensor:
-    """Token features of greedy draft tokens whose top-1 probability is p_chosen."""
-    L = len(p_chosen)
-    rows = []
-    for j, p in enumerate(p_chosen):
-        rest = (1 - p) * 0.5 ** np.arange(1, 10)  # a geometric tail for p_top2..p_top10
-        top = np.concatenate([[p], rest])
-        probs = np.concatenate([top, [max(1 - top.sum(), 1e-9)]])
-        entropy = float(-(probs * np.log(probs)).sum())
-        c = 0.0 if copy is None else float(copy[j])
-        klass = np.eye(len(TOKEN_CLASSES))[TOKEN_CLASSES.index("word")]
-        rows.append([*top, entropy, top[0] - top[1], p, j, c, c, c, *klass])
-    assert len(rows[0]) == len(TOKEN_FEATURES)
-    return torch.tensor(rows, dtype=torch.float32).reshape(L, len(TOKEN_FEATURES))
-
-
-def synthetic_trace(prompt_id: str, labels, p_chosen=None, copy=None, **kw) -> pd.DataFrame:
-    labels = list(labels)
-    p = p_chosen if p_chosen is not None else [0.9 if ok else 0.3 for ok in labels]
-    target = [3 + (7 * j) % 50 for j in range(len(labels))]
-    draft = [t if ok else t + 1 for t, ok in zip(target, labels)]
-    return trace_frame(prompt_id, synthetic_token_feats(p, copy), draft, target, **kw)
-
-
-def random_traces(n_prompts: int, length: int, seed: int = 0) -> pd.DataFrame:
-    """Prompts whose acceptance depends on the draft's confidence and, beyond it, on the copy flag
-    (a signal a threshold on p_chosen cannot use)."""
-    rng = np.random.default_rng(seed)
-    frames = []
-    for i in range(n_prompts):
-        p = rng.beta(4, 1.5, length)
-        copy = rng.random(length) < 0.3
-        accept = rng.random(length) < np.clip(0.15 + 0.6 * p + 0.35 * copy - 0.25 * (~copy), 0.02, 0.98)
-        frames.append(synthetic_trace(f"p{i}", accept, p, copy, task="code" if i % 2 else "write"))
-    return pd.concat(frames, ignore_index=True)
-
-
-def collected_trace(
-    target, draft, prompt: list[int], max_new: int, table: torch.Tensor, prompt_id: str, max_window: int = 20
-) -> pd.DataFrame:
-    """The trace `disco collect` writes for one prompt (no EOS: y runs to the budget)."""
-    pair = Pair(target, draft, None, "t", "d", torch.device("cpu"), torch.float64, frozenset())
-    return trace_prompt(pair, prompt, DecodeConfig(max_new, max_window), table, prompt_id).to_pandas()
-
-
-class ProbModel:
-    """A stand-in classifier: P(accept) is a fixed function of the FEATURES vector. Logs every call."""
-
-    def __init__(self, fn):
-        self.fn, self.seen = fn, []
-
-    def predict_proba(self, X):
-        self.seen += [dict(zip(FEATURES, row)) for row in X]
-        return np.array([self.fn(dict(zip(FEATURES, row))) for row in X])
-
-    def torch_predictor(self, device):
-        return lambda x: torch.tensor(self.predict_proba(x.double().cpu().numpy()[None])[0])
-
-
-def counts(s: GenStats) -> tuple:
-    return s.new_tokens, s.target_forwards, s.draft_forwards, s.windows, s.accepted_per_window
-
 
 # --- a hand-made trace: exact counts for each policy ----------------------------------------
 
@@ -271,30 +139,6 @@ def test_cost_model_speedup():
 
 # --- agreement with the real loop ---------------------------------------------------------------
 
-V = 12
-
-
-class PositionStub(DistStubLM):
-    """DistStubLM that also runs without a cache, as the collector's teacher-forced forward calls it."""
-
-    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, output_hidden_states=False):
-        return super().forward(
-            input_ids, DynamicCache() if cache is None else cache, use_cache, logits_to_keep, output_hidden_states
-        )
-
-
-def _stub_pair():
-    """Distributions that depend on the position only: teacher-forced features equal the live ones
-    even after a mismatch, so every policy must simulate exactly."""
-    g = torch.Generator().manual_seed(0)
-    t_logits = torch.randn(200, V, generator=g) * 3
-    d_logits = t_logits + torch.randn(200, V, generator=g) * 2.5
-    return (
-        PositionStub(lambda i: torch.softmax(t_logits[i], -1), V),
-        PositionStub(lambda i: torch.softmax(d_logits[i], -1), V),
-    )
-
-
 POLICIES = [
     ("constant", dict(k=3)),
     ("heuristic", dict(k=2)),
@@ -307,7 +151,7 @@ POLICIES = [
 
 @pytest.mark.parametrize("name, kw", POLICIES)
 def test_simulation_equals_real_runs_on_position_stubs(name, kw):
-    target, draft = _stub_pair()
+    target, draft = position_stub_pair()
     table = torch.zeros(V, dtype=torch.long)
     prompts = [[i % V] * (1 + i % 3) for i in range(6)]
     approx = 0
@@ -390,7 +234,7 @@ def test_live_classifier_policy_decides_as_the_replay(tiny_traces):
 
 
 def test_classifier_policy_needs_token_classes_live():
-    target, draft = _stub_pair()
+    target, draft = position_stub_pair()
     with pytest.raises(DiscoError, match="for_pair"):
         speculative_generate(target, draft, [0], ClassifierPolicy(ProbModel(lambda f: 0.5), 0.4), DecodeConfig(5, 3))
 
@@ -421,7 +265,6 @@ def test_profile_tiny_pair(tmp_path):
 
 
 def test_disco_profile_command(tmp_path, capsys, monkeypatch):
-    from test_cli import cli
     from tiny import char_tokenizer, save_tiny
 
     from disco.defaults import DEFAULT_CPU_BACKEND
