@@ -5,13 +5,11 @@ errors on bad inputs, `disco train` end to end."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from test_cli import cli
-from test_simulate import counts, random_traces, synthetic_trace
+from helpers import PAIR, cli, counts, random_traces, synthetic_trace, write_traces
 
 from disco.artifact import JoblibModel, load_artifact, rehash_artifact, save_artifact
 from disco.classifier import ClassifierPolicy
@@ -24,18 +22,6 @@ from disco.simulate import replay_policy, simulate
 from disco.train import TrainConfig, train
 from disco.train_data import load_trace_data, split_by_prompt, traces_for
 from disco.tuning import RULE_GRIDS, THRESHOLD_GRID, tune
-
-PAIR = {"target": "/models/tiny-target", "draft": "/models/tiny-draft", "tokenizer_hash": "abc"}
-
-
-def write_traces(folder: Path, df, pair=PAIR, max_new=None, manifest=True) -> Path:
-    folder.mkdir(parents=True)
-    df.to_parquet(folder / "shard-00000.parquet")
-    if manifest:
-        (folder / "manifest.json").write_text(
-            json.dumps({"pair": pair, "features": list(FEATURES), "max_new_tokens": max_new})
-        )
-    return folder
 
 
 @pytest.fixture(scope="module")
