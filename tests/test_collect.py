@@ -13,17 +13,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_cli import cli
+from helpers import CONFIG, KILLED_AT_4TH_PROMPT, RecordingOracle, cli, collect_args, make_prompts
 from tiny import VOCAB, char_tokenizer, save_tiny, tiny_pair
 
 import disco.collect as collect_mod
 from disco.collect import collect, oracle_windows, teacher_forced_trace
 from disco.decode import DecodeConfig, speculative_generate, target_generate
 from disco.errors import DiscoError
-from disco.features import FEATURES, WindowState, token_class_table, token_features, top_probs
+from disco.features import FEATURES, token_class_table, top_probs
 from disco.pair import pair_from_models
-from disco.policy import OraclePolicy
-from disco.prompts import Prompt, load_prompt_sources
+from disco.prompts import load_prompt_sources
 from disco.trace import COLUMNS as TRACE_COLUMNS
 from disco.trace import HIDDEN_COLUMN, read_manifest, read_trace_rows
 
@@ -74,38 +73,6 @@ def test_oracle_windows(labels, max_new, window, expected):
 
 
 # --- the teacher-forced trace equals the real oracle loop ------------------------------------------
-
-
-class RecordingOracle(OraclePolicy):
-    """The oracle policy, recording the features a live policy computes at each draft step (the
-    target-side signals included) and the draft's hidden state the loop hands it."""
-
-    needs_hidden = True
-
-    def __init__(self, target_tokens, token_classes):
-        super().__init__(target_tokens)
-        self.token_classes, self.state, self.window, self.rows = token_classes, WindowState(), -1, []
-
-    def start(self):
-        self.state.start()
-        self.window += 1
-
-    def should_stop(self, step):
-        tok = token_features(step.probs, step.token, step.gen_pos, step.context(), self.token_classes)
-        feats = self.state.step(tok, step.window_pos)
-        self.rows.append(
-            {
-                "gen_pos": step.gen_pos,
-                "window_id": self.window,
-                "draft_token": int(step.token),
-                "features": feats.numpy(),
-                "hidden": step.hidden.numpy(),
-            }
-        )
-        return super().should_stop(step)
-
-    def update(self, n_drafted, n_accepted, signals=None):
-        self.state.end(n_drafted, n_accepted, signals())
 
 
 PROMPTS = [[(7 * i + 3 * j) % 90 + 3 for j in range(1 + 2 * i)] for i in range(4)]
@@ -183,18 +150,6 @@ def test_trace_equals_live_oracle_loop(pairs, noise, max_new, window, eos_at):
 
 
 # --- the folder: Parquet + manifest, readable as is -------------------------------------------------
-
-
-def make_prompts(n, task="code"):
-    return [Prompt(f"{task}-{i:03d}", task, f"def f{i}(x):\n    return x * {i}") for i in range(n)]
-
-
-@pytest.fixture(scope="module")
-def pair32():
-    return pair_from_models(*tiny_pair(noise=0.1, dtype=torch.float32), char_tokenizer())
-
-
-CONFIG = DecodeConfig(max_new_tokens=12, max_window=5)
 
 
 def test_collect_writes_parquet_and_manifest(pair32, tmp_path, monkeypatch):
@@ -423,35 +378,16 @@ def folders(tmp_path_factory):
     return save_tiny(target, tok, root / "target"), save_tiny(draft, tok, root / "draft"), prompts
 
 
-def collect_args(folders, out, *more):
-    t, d, prompts = folders
-    return [
-        "collect",
-        "--target",
-        t,
-        "--draft",
-        d,
-        "--prompts",
-        prompts,
-        "--out",
-        out,
-        "--max-new-tokens",
-        10,
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        *more,
-    ]
+SETTINGS = {"max_new_tokens": 10, "device": "cpu", "dtype": "float32"}  # the command-line runs'
 
 
 def test_cli_collect_and_bad_prompt_files(folders, tmp_path, capsys):
-    code, out, err = cli(capsys, *collect_args(folders, tmp_path / "t"))
+    code, out, err = cli(capsys, *collect_args(*folders, tmp_path / "t", **SETTINGS))
     assert code == 0, err
     assert "traced 5 prompts" in err and "positive rate" in out
     assert read_manifest(tmp_path / "t")["status"]["rows"] == 50
 
-    code, _, err = cli(capsys, *collect_args(folders, tmp_path / "t", "--max-new-tokens", 4))
+    code, _, err = cli(capsys, *collect_args(*folders, tmp_path / "t", **{**SETTINGS, "max_new_tokens": 4}))
     assert code == 2 and "--overwrite" in err and "Traceback" not in err
 
     t, d, _ = folders
@@ -468,9 +404,7 @@ def test_cli_collect_and_bad_prompt_files(folders, tmp_path, capsys):
             path.write_bytes(text)
         elif text is not None:
             path.write_text(text)
-        code, _, err = cli(
-            capsys, "collect", "--target", t, "--draft", d, "--prompts", path, "--out", tmp_path / f"out-{name}"
-        )
+        code, _, err = cli(capsys, *collect_args(t, d, path, tmp_path / f"out-{name}"))
         assert code == 2 and err.strip().startswith("error: ") and "Traceback" not in err, err
         assert not (tmp_path / f"out-{name}").exists()
 
@@ -486,28 +420,11 @@ def run_cli(*args, env=None, **kw):
     )
 
 
-# A process that dies at its 4th prompt as under SIGKILL (os._exit: no handler, no flush runs).
-KILLED_AT_4TH_PROMPT = """
-import os, sys
-import disco.collect as c
-real, calls = c.teacher_forced_trace, []
-def trace(*args, **kwargs):
-    calls.append(1)
-    if len(calls) == 4:
-        os._exit(9)
-    return real(*args, **kwargs)
-c.teacher_forced_trace = trace
-sys.argv = ["disco", *sys.argv[1:]]
-from disco.cli import main
-main()
-"""
-
-
 def test_killed_run_resumed_by_two_processes_gives_the_rows_of_one(folders, tmp_path, capsys):
-    code, _, err = cli(capsys, *collect_args(folders, tmp_path / "one"))
+    code, _, err = cli(capsys, *collect_args(*folders, tmp_path / "one", **SETTINGS))
     assert code == 0, err
     # Killed at the 4th prompt: the shard of prompts 0-1 is on disk, prompt 2 was only in memory.
-    two = collect_args(folders, tmp_path / "two", "--shard-prompts", 2)
+    two = collect_args(*folders, tmp_path / "two", **SETTINGS, shard_prompts=2)
     proc = subprocess.run(
         [sys.executable, "-c", KILLED_AT_4TH_PROMPT, *map(str, two)],
         cwd=ROOT,
