@@ -17,8 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from test_cli import cli
-from test_collect import CONFIG, make_prompts, pair32  # noqa: F401 -- the fixture
+from helpers import CONFIG, cli, collect_args, make_prompts, one_error_line
 from tiny import char_tokenizer, save_tiny, tiny_pair
 
 from disco.artifact import load_artifact, rehash_artifact
@@ -54,25 +53,7 @@ def world(tmp_path_factory):
         )
     )
     traces = root / "traces"
-    code, _, err = _run(
-        [
-            "collect",
-            "--target",
-            t,
-            "--draft",
-            d,
-            "--prompts",
-            prompts,
-            "--out",
-            traces,
-            "--max-new-tokens",
-            12,
-            "--device",
-            "cpu",
-            "--shard-prompts",
-            2,
-        ]
-    )
+    code, _, err = _run(collect_args(t, d, prompts, traces, max_new_tokens=12, device="cpu", shard_prompts=2))
     assert code == 0, err
     model = root / "model"
     code, _, err = _run(["train", "--traces", traces, "--out", model, "--model", "logistic", "--no-head"])
@@ -104,16 +85,13 @@ def copy(world, what: str, tmp_path: Path) -> Path:
     return Path(shutil.copytree(world[what], tmp_path / what))
 
 
-def one_error_line(err: str) -> str:
-    """The error line, asserting it is the only error and no traceback came with it."""
-    assert "Traceback" not in err, err
-    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1, err
-    return errors[0]
-
-
 def pair_args(world) -> list:
     return ["--target", world["target"], "--draft", world["draft"], "--device", "cpu"]
+
+
+def collect_world(world, out, **options) -> list:
+    """`disco collect` of the world's pair (on the CPU) on its prompts into `out`."""
+    return collect_args(world["target"], world["draft"], world["prompts"], out, device="cpu", **options)
 
 
 # --- 1. train never destroys a trace folder; --out is checked before any work ---------------------------
@@ -132,19 +110,7 @@ def test_train_out_into_traces_is_refused_and_the_traces_stay(world, tmp_path, c
     assert code == 2 and "holds traces (disco collect)" in one_error_line(err)
     assert digest(tr) == before
     # ... and the next collect still resumes into it (nothing to redo)
-    code, _, err = cli(
-        capsys,
-        "collect",
-        *pair_args(world),
-        "--prompts",
-        world["prompts"],
-        "--out",
-        tr,
-        "--max-new-tokens",
-        12,
-        "--shard-prompts",
-        2,
-    )
+    code, _, err = cli(capsys, *collect_world(world, tr, max_new_tokens=12, shard_prompts=2))
     assert code == 0 and "traced 0 prompts (6 already done)" in err
     assert digest(tr) == before
 
@@ -174,7 +140,7 @@ def test_train_out_non_empty_needs_overwrite_which_replaces_it_whole(world, tmp_
 def test_collect_refuses_an_artifact_folder_even_with_overwrite(world, tmp_path, capsys):
     m = copy(world, "model", tmp_path)
     before = digest(m)
-    code, _, err = cli(capsys, "collect", *pair_args(world), "--prompts", world["prompts"], "--out", m, "--overwrite")
+    code, _, err = cli(capsys, *collect_world(world, m, overwrite=True))
     assert code == 2
     assert one_error_line(err) == (
         f"error: --out {m} holds a manifest.json that is not a trace's (a classifier "
@@ -203,19 +169,7 @@ def test_set_aside_shard_is_not_read_and_disappears_after_the_next_collect(world
     assert code == 0, err
 
     # The next collect traces its prompts again and removes it: the rows are those of the whole run.
-    code, _, err = cli(
-        capsys,
-        "collect",
-        *pair_args(world),
-        "--prompts",
-        world["prompts"],
-        "--out",
-        tr,
-        "--max-new-tokens",
-        12,
-        "--shard-prompts",
-        2,
-    )
+    code, _, err = cli(capsys, *collect_world(world, tr, max_new_tokens=12, shard_prompts=2))
     assert code == 0 and "traced 2 prompts (4 already done)" in err, err
     assert not aside.exists() and not list((tr / "data").glob(".*"))
     pd.testing.assert_frame_equal(read_trace_rows(tr), whole)
@@ -226,18 +180,7 @@ def test_set_aside_shard_is_not_read_and_disappears_after_the_next_collect(world
 def test_overwrite_removes_a_set_aside_shard(world, tmp_path, capsys):
     tr = copy(world, "traces", tmp_path)
     (tr / "data" / ".damaged-part-r000-000007.parquet").write_bytes(b"PAR1 torn")
-    code, _, err = cli(
-        capsys,
-        "collect",
-        *pair_args(world),
-        "--prompts",
-        world["prompts"],
-        "--out",
-        tr,
-        "--max-new-tokens",
-        8,
-        "--overwrite",
-    )
+    code, _, err = cli(capsys, *collect_world(world, tr, max_new_tokens=8, overwrite=True))
     assert code == 0, err
     assert not list((tr / "data").glob(".damaged-*")) and len(read_trace_rows(tr)) == 6 * 8
 
@@ -279,23 +222,7 @@ def test_two_collects_into_one_folder_at_once(world, tmp_path):
     out = tmp_path / "t"
 
     def args(shard_prompts: int) -> list[str]:
-        return [
-            "collect",
-            "--target",
-            str(world["target"]),
-            "--draft",
-            str(world["draft"]),
-            "--prompts",
-            str(world["prompts"]),
-            "--out",
-            str(out),
-            "--max-new-tokens",
-            "12",
-            "--device",
-            "cpu",
-            "--shard-prompts",
-            str(shard_prompts),
-        ]
+        return [str(a) for a in collect_world(world, out, max_new_tokens=12, shard_prompts=shard_prompts)]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.Popen(
@@ -334,19 +261,7 @@ def test_a_prompt_in_two_shards_is_refused_by_train_and_collect(world, tmp_path,
     )
     code, _, err = cli(capsys, "train", "--traces", tr, "--out", tmp_path / "m", "--model", "logistic")
     assert code == 2 and one_error_line(err) == expected
-    code, _, err = cli(
-        capsys,
-        "collect",
-        *pair_args(world),
-        "--prompts",
-        world["prompts"],
-        "--out",
-        tr,
-        "--max-new-tokens",
-        12,
-        "--shard-prompts",
-        2,
-    )
+    code, _, err = cli(capsys, *collect_world(world, tr, max_new_tokens=12, shard_prompts=2))
     assert code == 2 and one_error_line(err) == expected.replace(f"{tr}: prompt", f"{tr}: prompt")
     assert digest(tr) == before
     with pytest.raises(DiscoError, match="prompt 'p0' is in 2 shards"):
@@ -415,7 +330,7 @@ def mount(tmp_path):
 def test_read_only_outputs_fail_before_any_work(world, mount, capsys):
     ro = mount(readonly=True)
     cases = [
-        (["collect", *pair_args(world), "--prompts", world["prompts"], "--out", ro / "t"], "--out", ro / "t"),
+        (collect_world(world, ro / "t"), "--out", ro / "t"),
         (["train", "--traces", world["traces"], "--out", ro / "m"], "--out", ro / "m"),
         (["compare", *pair_args(world), "--prompts", world["prompts"], "--out", ro / "c"], "--out", ro / "c"),
         (["generate", *pair_args(world), "--prompt", "x", "--json", ro / "o.json"], "--json", ro / "o.json"),
@@ -444,19 +359,7 @@ def test_a_full_disk_keeps_what_was_finished(world, mount, capsys):
 
     full = mount(leave=40_000)  # a few shards' worth
     out = full / "t"
-    code, _, err = cli(
-        capsys,
-        "collect",
-        *pair_args(world),
-        "--prompts",
-        world["prompts"],
-        "--out",
-        out,
-        "--max-new-tokens",
-        12,
-        "--shard-prompts",
-        1,
-    )
+    code, _, err = cli(capsys, *collect_world(world, out, max_new_tokens=12, shard_prompts=1))
     assert code == 2
     line = one_error_line(err)
     assert line.startswith(f"error: could not write {out}") and "no space left on the device" in line
@@ -485,7 +388,7 @@ def test_outputs_of_the_wrong_kind(world, tmp_path, capsys):
     assert code == 2 and one_error_line(err) == (
         f"error: --json {tmp_path} is a folder: give a file name, e.g. {tmp_path / 'out.json'}"
     )
-    code, _, err = cli(capsys, "collect", *pair_args(world), "--prompts", world["prompts"], "--out", world["prompts"])
+    code, _, err = cli(capsys, *collect_world(world, world["prompts"]))
     assert (
         code == 2 and one_error_line(err) == f"error: --out {world['prompts']} is a file: give a folder for the trace"
     )
@@ -704,18 +607,7 @@ def test_smaller_input_errors_are_named(world, tmp_path, capsys):
         )
         assert code == 2 and one_error_line(err) == f"error: {line}"
     code, _, err = cli(
-        capsys,
-        "collect",
-        "--target",
-        tmp_path / "no-t",
-        "--draft",
-        tmp_path / "no-d",
-        "--prompts",
-        world["prompts"],
-        "--out",
-        tmp_path / "t",
-        "--shard-prompts",
-        0,
+        capsys, *collect_args(tmp_path / "no-t", tmp_path / "no-d", world["prompts"], tmp_path / "t", shard_prompts=0)
     )
     assert code == 2 and one_error_line(err) == "error: --shard-prompts must be at least 1 (got 0)"
 
@@ -764,7 +656,7 @@ REFUSED = [
     ),
     (
         "collect --out someone's non-empty folder",
-        lambda w, g, tmp: ["collect", *pair_args(w), "--prompts", w["prompts"], "--out", w["target"]],
+        lambda w, g, tmp: collect_world(w, w["target"]),
         lambda w, g, tmp: f"--out {w['target']} is not empty and holds no traces (",
     ),
     (
