@@ -119,6 +119,17 @@ class BatchPolicy(Protocol):
         self, state: RequestState | RowState, drafted: int | torch.Tensor, accepted: int | torch.Tensor
     ) -> None: ...
 
+    # optional, read by `verified` (a policy without it verifies every token it drafted): after the last draft
+    # position, trim(drafted) -> (B,) how many of each request's `drafted` tokens go to verification, on the device
+    # (adaptive_verification.BudgetPolicy: a budget of the batch's best slots)
+
+
+def verified(policy: BatchPolicy, drafted: torch.Tensor) -> torch.Tensor:
+    """(B,) each request's tokens handed to verification after it drafted `drafted` (B,): the policy's `trim`
+    hook, by default all of them (vllm/draft.py's windows, simulate.simulate_batched)."""
+    trim = getattr(policy, "trim", None)
+    return drafted if trim is None else trim(drafted)
+
 
 def never_drafts(policy: BatchPolicy, load: CostModel | None, max_batch: int, max_window: int) -> bool:
     """Whether `policy` lets no fresh request draft at any batch size up to max_batch that `load` covers (the
