@@ -23,7 +23,14 @@ ADAEDL_GAMMA, ADAEDL_LAMBDA, ADAEDL_BETA1, ADAEDL_BETA2, ADAEDL_EPS, ADAEDL_ALPH
 SVIP_C, SVIP_H = 0.15, 0.3
 # "target" is plain target-only decoding (no draft): the baseline every speedup is measured against.
 # The registry that builds each one is policy_registry.POLICIES; this tuple is its key list, kept here for --help.
-POLICY_NAMES = ("target", "constant", "heuristic", "threshold", "adaedl", "svip", "oracle", "classifier")
+POLICY_NAMES = (
+    "target", "constant", "heuristic", "threshold", "adaedl", "svip", "oracle", "classifier",
+    "adaptive-verification", "learned-budget",
+)  # fmt: skip
+# vLLM's adaptive verification (vLLM 0.32's method) and disco's learned budget on vLLM's draft, in compare's rows:
+# every request drafts this many positions (num_speculative_tokens; the learned budget's longest), a budget of the
+# batch's best slots is verified
+DEFAULT_BUDGET_K = 8
 DEFAULT_POLICY = "threshold"
 
 # --- the learned policy (classifier.py, train.py) ------------------------------------------------

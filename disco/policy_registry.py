@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from disco.adaptive_verification import BatchAdaptiveVerification, BatchLearnedBudget
 from disco.batch_policy import BatchClassifier, BatchConstant, BatchPolicy, BatchTarget, BatchThreshold
 from disco.classifier import ClassifierPolicy, chosen_rule
 from disco.defaults import (
@@ -114,6 +115,9 @@ class PolicyKind:
     batched: Callable[[PolicySpec, BatchContext], BatchPolicy] | None = None
     # the knobs the batched form takes (PolicySpec.runs_batched: compare skips the row, the proposer refuses)
     batched_when: Callable[[PolicySpec], bool] = lambda spec: True
+    # verifies a budget of the batch's best draft slots (adaptive_verification.BudgetPolicy): on vLLM's draft only
+    # (no per-request form: `build` refuses), and only under a load profile (its cost tables)
+    batch_budget: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,31 @@ def _batched_classifier(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
     return BatchClassifier(artifact.torch_predictor(ctx.device or "cpu"), rule, setting, cost)
 
 
+def _budget(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
+    """vLLM 0.32's adaptive verification (adaptive-verification) or disco's learned budget (learned-budget: the
+    classifier artifact as its estimator) on vLLM's draft: every request drafts up to spec.k positions."""
+    if spec.name == "adaptive-verification":
+        return BatchAdaptiveVerification(spec.k, ctx.device)
+    from disco.artifact import load_artifact
+
+    if spec.classifier is None:
+        raise DiscoError("the learned-budget policy needs a trained artifact: name it (policy.classifier)")
+    artifact = load_artifact(spec.classifier, expect_pair=ctx.pair, trust_pickle=spec.trust_pickle)
+    if artifact.hidden_dim:
+        raise DiscoError(
+            f"{artifact.path} reads the draft's hidden state, which vLLM's draft does not give its proposer: "
+            "train one without --hidden for vLLM"
+        )
+    return BatchLearnedBudget(artifact.torch_predictor(ctx.device or "cpu"), spec.k, ctx.device)
+
+
+def _budget_loop(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
+    raise DiscoError(
+        f"the {spec.name} policy verifies a budget of a batch's best draft slots: it runs on vLLM's draft "
+        "(--engine vllm with a draft folder, or vllm serve with DISCO_VLLM_POLICY), not in disco's one-request loop"
+    )
+
+
 POLICIES: dict[str, PolicyKind] = {
     "target": PolicyKind(lambda spec, ctx: None, batched=lambda spec, ctx: BatchTarget()),
     "constant": PolicyKind(
@@ -184,6 +213,8 @@ POLICIES: dict[str, PolicyKind] = {
     "classifier": PolicyKind(
         _classifier, needs_pair=True, settings=("classifier_setting",), batched=_batched_classifier
     ),
+    "adaptive-verification": PolicyKind(_budget_loop, settings=("k",), batched=_budget, batch_budget=True),
+    "learned-budget": PolicyKind(_budget_loop, needs_pair=True, settings=("k",), batched=_budget, batch_budget=True),
 }
 assert tuple(POLICIES) == POLICY_NAMES, "defaults.POLICY_NAMES lists the registry's keys, for --help"
 

@@ -52,14 +52,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from disco.adaptive_verification import (
-    ClassifierConfidence,
-    LearnedBudget,
-    OnlineAcceptanceEstimator,
-    admit,
-    draft_budget,
-)
-from disco.batch_policy import Batch, BatchPolicy, RequestState, never_drafts
+from disco.adaptive_verification import ClassifierConfidence, LearnedBudget, OnlineAcceptanceEstimator
+from disco.batch_policy import Batch, BatchPolicy, RequestState, never_drafts, verified
 from disco.cost import CostModel
 from disco.defaults import DEFAULT_MAX_WINDOW
 from disco.errors import DiscoError
@@ -434,6 +428,8 @@ def simulate_batched(
                 stop = policy.stops(positions, feats, feats[:, _P_CHOSEN], live).cpu()
                 drafted = torch.where(live, positions, drafted)
                 live = live & ~stop & (room > positions)
+            if positions:  # what goes to verification (batch_policy.verified: a budget policy's trim)
+                drafted = verified(policy, drafted).cpu()
             run.seconds += float(load.draft_position(n)) * max(positions, 1)  # (c_draft: checked above)
         run.seconds += load.c_step[min(int(drafted.sum()) + n, len(load.c_step)) - 1]
         run.steps, run.positions = run.steps + 1, run.positions + max(positions, policy is not None)
@@ -527,7 +523,7 @@ def simulate_adaptive_verification(
             if stop_drafting and not bool(live.any()):
                 break
         budget_conf = torch.stack([previous[s.request_id] for s in active]) if stale else None
-        counts = learned.select() if budget_conf is None else _stale_select(learned, budget_conf)
+        counts = learned.select(budget_conf)
         for s, row in zip(active, learned.conf):
             previous[s.request_id] = row.clone()
         admitted = counts.tolist()
@@ -551,9 +547,3 @@ def simulate_adaptive_verification(
         active = [s for s, tr in zip(active, trs) if s.stats.new_tokens < len(tr)]
     return run
 
-
-def _stale_select(learned: LearnedBudget, budget_conf: torch.Tensor) -> torch.Tensor:
-    """vLLM's split of the step: B* from the stale confidences, the slots by the current ones."""
-    draft_cost = max(learned.positions, 1) * learned.position
-    b = draft_budget(budget_conf, learned.tables, learned.drafted, k=learned.k, draft_cost=draft_cost)
-    return admit(learned.conf, b, learned.drafted)

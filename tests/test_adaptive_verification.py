@@ -10,13 +10,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_simulate import random_traces, synthetic_trace
-from test_train import write_traces
+from helpers import random_traces, synthetic_trace, write_traces
 
 from disco.adaptive_verification import (
     INIT_BIAS,
     INIT_SLOPE,
     MAX_LOG_ODDS,
+    BatchAdaptiveVerification,
+    BatchLearnedBudget,
     ClassifierConfidence,
     CostTables,
     LearnedBudget,
@@ -30,8 +31,9 @@ from disco.adaptive_verification import (
     select,
 )
 from disco.artifact_models import Calibration
-from disco.batch_policy import BatchConstant
+from disco.batch_policy import Batch, BatchConstant, RequestState, RowState
 from disco.cost import CostModel
+from disco.errors import DiscoError
 from disco.features import FEATURES
 from disco.fitting import calibration_figures, calibration_report, fit_model, reliability
 from disco.simulate import prompt_traces, simulate_adaptive_verification, simulate_batched
@@ -346,3 +348,61 @@ def test_disco_train_writes_the_calibration_report_and_a_reliability_diagram(tmp
     cal = report.calibration
     assert set(cal["models"]) == {"disco logistic", "vLLM online estimator"} and len(cal["online"]["intercepts"]) == 6
     assert json.loads((out / "manifest.json").read_text())["rule"]  # the artifact as before
+
+
+# --- the batched policies (BudgetPolicy: vLLM's draft through batch_policy.verified, simulate_batched) -----------
+
+
+def _p_for(conf: torch.Tensor) -> torch.Tensor:
+    """The draft's top-1 probabilities that the cold-start estimator maps to `conf`: sigmoid(INIT_SLOPE f + INIT_BIAS)."""
+    return torch.sigmoid((torch.logit(conf.double()) - INIT_BIAS) / INIT_SLOPE).float()
+
+
+def test_adaptive_verification_policy_trims_to_the_hand_computed_budget():
+    """Two requests, two steps, the confidences of test_hand_computed_budget_on_a_2x3_batch each step: at the first
+    the stale confidences are a new request's 1.0 (B* = 6: every slot), at the second the first step's (B* = 3, the
+    slots 0.9, 0.72 | 0.6)."""
+    policy = BatchAdaptiveVerification(3)
+    states = [RequestState("a"), RequestState("b")]
+    rows = RowState.fresh(2, "cpu")
+    p = _p_for(CONF)
+    got = []
+    for step in range(2):
+        batch = Batch.under(states, LINEAR, 3, rows)
+        policy.update(
+            rows, torch.tensor([3, 3]) if step else torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+        )
+        assert policy.drafts(batch).tolist() == [True, True]
+        policy.start(batch, torch.device("cpu"))
+        live = torch.ones(2, dtype=torch.bool)
+        for pos in (1, 2, 3):
+            stop = policy.stops(pos, None, p[:, pos - 1], live)
+            live = live & ~stop
+        assert not bool(live.any())
+        got.append(policy.trim(torch.tensor([3, 3])).tolist())
+    assert got == [[3, 3], [2, 1]]
+    assert policy.trim(torch.tensor([1, 0])).tolist() == [1, 0]  # never more than was drafted
+    with pytest.raises(DiscoError, match="needs|load profile"):
+        policy.drafts(Batch(states))
+
+
+def test_budget_policies_in_simulate_batched(traces):
+    """vLLM's method as a batched policy: where verification costs nothing more every slot pays, and it runs as
+    vLLM's fixed length (the same counts and costs); where it costs, it verifies fewer than it drafted, as the
+    lockstep simulation does, and every prompt ends. disco's learned budget stops drafting and calibrates."""
+    flat, load = _load(0.0), _load(0.05)
+    total = sum(len(tr) for tr in traces)
+    for b in (1, 4):
+        fixed = simulate_batched(traces, BatchConstant(4), flat, b, 4)
+        assert simulate_batched(traces, BatchAdaptiveVerification(4), flat, b, 4) == fixed
+        run = simulate_batched(traces, BatchAdaptiveVerification(4), load, b, 4)
+        lockstep = simulate_adaptive_verification(traces, load, b, 4, "online")
+        assert run.tokens == lockstep.tokens == total and run.steps == lockstep.steps
+        assert run.drafted < fixed.drafted and abs(run.drafted - lockstep.drafted) <= 2  # (trace ends differ)
+    df = random_traces(16, 40, seed=4)
+    drafted = df["oracle_drafted"].to_numpy(bool)
+    model = fit_model("logistic", df[list(FEATURES)].to_numpy(float)[drafted], df["label"].to_numpy(int)[drafted])
+    policy = BatchLearnedBudget(model.torch_predictor(torch.device("cpu"), Calibration()), 4)
+    run = simulate_batched(traces, policy, load, 4, 4)
+    assert run.tokens == total and run.positions < 4 * run.steps  # it stopped drafting
+    assert int(policy.calibration.seen[1]) > 0 and policy.calibration.refits > 0  # what was verified teaches it
