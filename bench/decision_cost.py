@@ -40,7 +40,7 @@ def time_policy(policy, n=300):
 
 
 c_d = json.load(open("bench/embedded/profile-cpu.json"))["c_d"]
-clf = time_policy(ClassifierPolicy(art, art.threshold, table))
+clf = time_policy(ClassifierPolicy(art, art.setting, table))
 thr = time_policy(ThresholdPolicy(0.4))
 print(
     f"classifier decision {1e3 * clf:.3f} ms ({100 * clf / c_d:.2f} % of a {1e3 * c_d:.1f} ms draft step); "

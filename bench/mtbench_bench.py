@@ -199,8 +199,8 @@ def simulate_report(traces: str, artifact: str, profile: str, max_window: int) -
     w = {"max_window": max_window}
     factories = {
         "oracle": replay_policy("oracle", **w),
-        f"classifier ({art.rule} rule {art.threshold:g})": replay_policy(
-            "classifier", classifier_setting=art.threshold, model=art, classifier_rule=art.rule, cost=cost, **w
+        f"classifier ({art.rule} rule {art.setting:g})": replay_policy(
+            "classifier", classifier_setting=art.setting, model=art, classifier_rule=art.rule, cost=cost, **w
         ),
         f"threshold {tuned['threshold']:g} (tuned)": replay_policy("threshold", threshold=tuned["threshold"], **w),
         f"constant k={tuned['k']} (tuned)": replay_policy("constant", k=tuned["k"], **w),

@@ -57,7 +57,7 @@ def main() -> None:
     policies = {
         "threshold (tuned)": (lambda: replay_policy("threshold", threshold=tuned["threshold"])),
         "constant (tuned)": (lambda: replay_policy("constant", k=tuned["k"])),
-        "classifier": (lambda: lambda tr: ClassifierPolicy(art, art.threshold)),
+        "classifier": (lambda: lambda tr: ClassifierPolicy(art, art.setting)),
     }
     table = pair.token_classes()
     out = {"prompts": ids, "max_new_tokens": config.max_new_tokens, "collect": [], "counts": []}

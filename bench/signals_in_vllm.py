@@ -32,7 +32,7 @@ def main(profile: str, traces: str, artifacts: list[str]) -> None:
     )
     for path in artifacts:
         art = load_artifact(path, expect_pair=data.pair)
-        setting = art.rule_settings.get("cost", art.threshold)
+        setting = art.rule_settings.get("cost", art.setting)
         factory = {
             "c": replay_policy(
                 "classifier",

@@ -50,7 +50,7 @@ def factories(labels: list[str], artifacts: dict[str, object], cost: CostModel, 
             else:
                 out[label] = replay_policy(
                     "classifier",
-                    classifier_setting=art.threshold,
+                    classifier_setting=art.setting,
                     model=art.model,
                     classifier_rule=art.rule,
                     cost=art.cost_model() or cost,

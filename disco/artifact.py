@@ -1,7 +1,7 @@
 """Trained classifier artifacts: a folder that loads without executing code.
 
     models/NAME/
-      manifest.json   features (+ hash), pair and tokenizer hash, threshold, metrics, training
+      manifest.json   features (+ hash), pair and tokenizer hash, rule and setting, metrics, training
                       data, versions, and the model file's sha256 (written last)
       model.txt       LightGBM's text model            (kind "lightgbm")
       model.json      weights of a logistic regression (kind "logistic") or small MLP ("mlp")
@@ -13,7 +13,7 @@ Every model reads the FEATURES vector (features.py), by name: `columns` in the m
 the features it uses, so a model trained by an older disco (fewer features) still loads. A
 head also reads the draft's hidden state (manifest "hidden": its width and projection seed).
 The manifest records what `disco train` chose (`choice`: the classifier under a rule, or the
-tuned threshold), the rule's tuned parameter, a Platt calibration of P(accept) and the cost
+tuned threshold), the rule's tuned parameter ("setting"; "threshold" before format 3), a Platt calibration of P(accept) and the cost
 model. Loading refuses a feature the model reads that this disco does not compute, a model file
 whose sha256 differs from the manifest, a manifest whose fields the policy acts on (INTEGRITY_FIELDS)
 differ from the sha256 recorded over them at training (format 2; format 1 artifacts hash the model
@@ -43,7 +43,10 @@ from disco.errors import DiscoError
 from disco.features import FEATURES
 from disco.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 
-ARTIFACT_FORMAT = 2  # bump when the folder layout changes; 2: integrity_sha256 over INTEGRITY_FIELDS
+# bump when the folder layout changes; 2: integrity_sha256 over INTEGRITY_FIELDS; 3: the rule's parameter under
+# "setting" (its one name: rules.py, PolicySpec.classifier_setting, --classifier-setting), "threshold" before
+ARTIFACT_FORMAT = 3
+SETTING_KEYS = {3: "setting", 2: "threshold", 1: "threshold"}  # format -> the manifest key of the rule's setting
 # The manifest fields that decide what the policy does (or which pair it may run on): hashed with the
 # model file's sha256 at training, so that an edited manifest is refused like an edited model file.
 # The rest (metrics, speedup tables, training record) is description and may be annotated.
@@ -56,7 +59,7 @@ INTEGRITY_FIELDS = (
     "columns",
     "head",
     "hidden",
-    "threshold",
+    "setting",
     "rule",
     "choice",
     "calibration",
@@ -92,9 +95,9 @@ class Artifact:
     model: Model
 
     @property
-    def threshold(self) -> float:
-        """The tuned parameter of the artifact's rule (a P(accept) threshold for the token rule)."""
-        return float(self.manifest["threshold"])
+    def setting(self) -> float:
+        """The tuned parameter of the artifact's rule (rules.py: a P(accept) threshold for the token rule)."""
+        return float(self.manifest[setting_key(self.manifest)])
 
     @property
     def kind(self) -> str:
@@ -115,7 +118,7 @@ class Artifact:
     @property
     def choice(self) -> dict:
         """What `disco train` found fastest on validation: {"policy": "classifier" | "threshold", "setting": …}."""
-        return self.manifest.get("choice") or {"policy": "classifier", "setting": self.threshold}
+        return self.manifest.get("choice") or {"policy": "classifier", "setting": self.setting}
 
     @property
     def sampling(self) -> dict:
@@ -207,9 +210,16 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def setting_key(manifest: dict) -> str:
+    """The key under which this manifest's format records its rule's setting."""
+    return SETTING_KEYS.get(manifest.get("format", 1), "setting")
+
+
 def integrity_sha256(manifest: dict) -> str:
-    """sha256 over the manifest's INTEGRITY_FIELDS (the model file's own sha256 among them)."""
-    payload = {k: manifest.get(k) for k in INTEGRITY_FIELDS}
+    """sha256 over the manifest's INTEGRITY_FIELDS (the model file's own sha256 among them; the rule's setting
+    under the key its format names it by)."""
+    fields = (setting_key(manifest) if k == "setting" else k for k in INTEGRITY_FIELDS)
+    payload = {k: manifest.get(k) for k in fields}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -229,6 +239,7 @@ def rehash_artifact(folder: str | Path) -> Path:
     manifest = json.loads((folder / MANIFEST).read_text())
     if _sha256(folder / manifest["model_file"]) != manifest.get("model_sha256"):
         raise _modified(folder / manifest["model_file"])
+    manifest["setting"] = manifest.pop(setting_key(manifest))  # (older formats: "threshold")
     manifest["format"] = ARTIFACT_FORMAT
     manifest["integrity_sha256"] = integrity_sha256(manifest)
     atomic_write_json(folder / MANIFEST, manifest)
@@ -240,7 +251,7 @@ def save_artifact(
 ) -> Path:
     """Write the model file, the report and, last, the manifest (so that a folder interrupted
     mid-write never pairs a manifest with a model it does not describe). `manifest` holds the
-    training-side fields (threshold, pair, metrics, training data, …)."""
+    training-side fields (setting, pair, metrics, training data, …)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model_file = folder / MODEL_FILES[model.kind]
@@ -305,7 +316,7 @@ def training_manifest(
     """The training side of an artifact's manifest (`disco train`'s record; save_artifact adds the model
     file's fields, versions and the integrity hash). Its one builder: what Artifact and compare read."""
     return {
-        "threshold": setting,  # the parameter of `rule` (a P(accept) threshold for the token rule)
+        "setting": setting,  # the parameter of `rule` (rules.py: a P(accept) threshold for the token rule)
         "rule": rule,
         "choice": choice,  # what `--policy classifier` runs (tuning.choose)
         "calibration": {"a": calibration.a, "b": calibration.b},
@@ -319,7 +330,7 @@ def training_manifest(
         "model_metrics": model_metrics,
         "cost_model": cost.to_dict(),
         "tuned": {  # what `disco compare` runs as fair baselines (compare.tuned_from_artifact)
-            "classifier_threshold": setting,  # the manifest key compare reads (the rule's setting)
+            "classifier_setting": setting,  # the rule's setting (PolicySpec.classifier_setting)
             "threshold": tuned_threshold,
             "k": tuned_k,
             "adaedl_lambda": tuned_adaedl_lambda,
@@ -395,7 +406,7 @@ def load_artifact(path: str | Path, expect_pair=None, trust_pickle: bool = False
         raise DiscoError(f"{path / MANIFEST} is not valid JSON ({e}): the artifact is damaged") from None
     try:
         kind, model_file, features = manifest["kind"], path / manifest["model_file"], manifest["features"]
-        float(manifest["threshold"])
+        float(manifest[setting_key(manifest)])
     except (KeyError, TypeError, ValueError) as e:
         raise DiscoError(
             f"{path / MANIFEST} lacks or garbles a required field ({e}): the artifact is damaged"

@@ -22,9 +22,9 @@ from typing import Protocol
 
 import torch
 
-from disco.classifier import FORECAST_KEEP, FORECAST_RELAX
 from disco.cost import CostModel, load_view
 from disco.features import NO_SIGNALS, TARGET_SIGNALS, TOKEN_FEATURES
+from disco.rules import Pooled, forecast_after, forecast_relaxed, rule_named
 from disco.stats import GenStats
 
 _P_CHOSEN = TOKEN_FEATURES.index("p_chosen")
@@ -197,7 +197,8 @@ class BatchThreshold(_Fixed):
 
 
 class BatchClassifier:
-    """classifier.ClassifierPolicy for a batch: the model's P(accept) of every row in one call, then the rule.
+    """classifier.ClassifierPolicy for a batch: the model's P(accept) of every row in one call, then the rule's
+    batched form (rules.py: the same rule objects as the scalar policy, (B,) tensors in one vectorised call).
 
     predict: (B, F) float32 features on the draft's device -> (B,) calibrated P(accept) (the artifact's
     batched predictor: logistic/MLP as tensor ops on the device, LightGBM in one host call)."""
@@ -208,45 +209,42 @@ class BatchClassifier:
     def __init__(
         self, predict: Callable[[torch.Tensor], torch.Tensor], rule: str, setting: float, cost: CostModel | None
     ) -> None:
+        self._rule = rule_named(rule)  # the decision (rules.py)
+        self._rule.check(setting, cost)
         self.predict, self.rule, self.setting, self.cost = predict, rule, setting, cost
         self._survive = torch.ones(0, dtype=torch.float64)
         self._prod = torch.ones(0)
         self._prev = torch.zeros(0)
+        self._pooled: Pooled | None = None
         self._batch = Batch([])
 
-    def _costs(self) -> CostModel:
-        cost = self._batch.cost or self.cost
-        assert cost is not None, "the cost rules need a cost model (checked when the policy is built)"
-        return cost
+    def _costs(self) -> CostModel | None:
+        return self._batch.cost or self.cost  # the load's, when the proposer knows it
 
     @property
     def drafts_on_device(self) -> bool:
-        return self.rule == "cost-adaptive"  # (each request's forecast; the other rules answer alike for all)
+        return self._rule.forecasts  # (each request's forecast; the other rules answer alike for all)
 
     def drafts(self, batch: Batch) -> torch.Tensor:
-        n = len(batch.states)
-        if self.rule == "cost":  # would a perfectly accepted window pay at the tuned rate? (the same for all)
-            self._batch = batch
-            one = torch.ones(n, dtype=torch.float64)
-            return _pays(self._costs(), 0, one, one, self._rate())
-        if self.rule == "cost-adaptive":  # a window accepted at each request's forecast beats target-only?
-            self._batch = batch
-            rows = batch.rows
-            if rows is None:
-                forecast = torch.tensor([s.forecast for s in batch.states], dtype=torch.float64)
-            else:
-                forecast = rows.forecast
-            one = torch.ones(n, dtype=torch.float64, device=forecast.device)
-            go = _pays(self._costs(), 0, one, forecast, 1.0 / self._costs().c_t[0])
-            # a skipped round moves the estimate back toward 1 (classifier.ClassifierPolicy.drafts)
-            if rows is not None:
-                rows.forecast = torch.where(go, forecast, forecast + (1.0 - forecast) * FORECAST_RELAX)
-                return go
-            for s, g in zip(batch.states, go.tolist()):
-                if not g:
-                    s.forecast += (1.0 - s.forecast) * FORECAST_RELAX
+        self._batch = batch
+        rows = batch.rows
+        if not self._rule.forecasts:  # (the same answer for every request: no forecast to read)
+            return self._rule.drafts_rows(
+                torch.ones(len(batch.states), dtype=torch.float64), self.setting, self._costs()
+            )
+        if rows is None:
+            forecast = torch.tensor([s.forecast for s in batch.states], dtype=torch.float64)
+        else:
+            forecast = rows.forecast
+        go = self._rule.drafts_rows(forecast, self.setting, self._costs())
+        # a skipped round moves the estimate back toward 1 (classifier.ClassifierPolicy.drafts)
+        if rows is not None:
+            rows.forecast = torch.where(go, forecast, forecast_relaxed(forecast))
             return go
-        return torch.ones(n, dtype=torch.bool)
+        for s, g in zip(batch.states, go.tolist()):
+            if not g:
+                s.forecast = forecast_relaxed(s.forecast)
+        return go
 
     def start(self, batch: Batch, device: torch.device) -> None:
         n = len(batch.states)
@@ -258,10 +256,8 @@ class BatchClassifier:
         else:
             self._prev = torch.tensor([float(s.prev_accepted) for s in batch.states], device=device)
         # the step's tokens so far (made on the device: a tensor from a host value is a copy there)
-        self._verified = torch.full((), float(n), dtype=torch.float64, device=device)
-
-    def _rate(self) -> float:
-        return self.setting / self._costs().c_t[0]
+        verified = torch.full((), float(n), dtype=torch.float64, device=device)
+        self._pooled = None if batch.position_cost is None else Pooled(batch.position_cost, verified)
 
     def window_features(self, pos: int, p_chosen: torch.Tensor) -> torch.Tensor:
         """(B, len(WINDOW_FEATURES)): features.WindowState.step for every row (vLLM shows the proposer no target
@@ -277,35 +273,7 @@ class BatchClassifier:
         feats = torch.cat([feats, self.window_features(pos, feats[:, _P_CHOSEN])], 1)  # FEATURES, in order
         p = self.predict(feats).double()
         self._survive = self._survive * p
-        if self.rule == "token":
-            return p < self.setting
-        if self.rule == "cumulative":
-            return 1.0 - self._survive > self.setting
-        if self._batch.position_cost is None:  # a draft token costs c_d, whoever else drafts
-            return ~_pays(self._costs(), pos, self._survive, p, self._rate())
-        return ~self._pooled(pos, p, live)
-
-    def _pooled(self, pos: int, p: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-        """The cost rules on vLLM's batched draft (docs/architecture.md, "vLLM's own draft"): one more position is
-        one batched forward whoever drafts in it, so the batch runs it while the expected tokens of the requests
-        drafting on, summed, pay for it and for their verification; a request drafts on in it while its own
-        next tokens pay their verification, the position being paid already. (B,) bool: drafts on. Tensor
-        operations only (no host sync): the proposer's one sync per position decides."""
-        c, rho = self._costs(), self._rate()
-        self._verified = self._verified + live.sum()  # each token drafted this step is verified with it
-        top = len(c.c_t)
-        keep = live & _pays(c, pos, self._survive, p, rho, 0.0)
-        if pos + 1 >= top:
-            return torch.zeros_like(keep)
-        m = torch.arange(1, top - pos, dtype=torch.float64, device=p.device)  # m more positions
-        a = p.double()[:, None].expand(-1, len(m)).cumprod(1)
-        gain = ((self._survive[:, None] * a).cumsum(1) * keep[:, None]).sum(0)  # (M,) the batch's tokens
-        c_step = _as_tensor(c.c_step, p.device)
-        last = len(c_step) - 1
-        now = (self._verified.long() - 1).clamp(0, last)
-        then = (self._verified.long() - 1 + keep.sum() * m.long()).clamp(0, last)
-        extra = m * float(self._batch.position_cost) + c_step[then] - c_step[now]  # seconds, the whole batch
-        return keep & (gain > rho * extra).any()
+        return self._rule.stops_rows(pos, p, self._survive, self.setting, self._costs(), live, self._pooled)
 
     def update(self, state: RequestState | RowState, drafted: int | torch.Tensor, accepted: int | torch.Tensor) -> None:
         """classifier.ClassifierPolicy.update (WindowState.end, the forecast): for one request, or for every row
@@ -313,48 +281,12 @@ class BatchClassifier:
         if isinstance(state, RowState):
             assert isinstance(drafted, torch.Tensor) and isinstance(accepted, torch.Tensor)
             verified = drafted > 0
-            a = accepted.double()
-            judged = a + (accepted < drafted)
-            forecast = FORECAST_KEEP * state.forecast + (1 - FORECAST_KEEP) * a / judged  # (0/0 where unverified)
+            forecast = forecast_after(state.forecast, drafted, accepted.double())  # (0/0 where unverified)
             state.prev_accepted = torch.where(verified, accepted.long(), state.prev_accepted)
             state.forecast = torch.where(verified, forecast, state.forecast)
         elif drafted > 0:
-            state.prev_accepted = accepted
-            judged = accepted + (accepted < drafted)
-            state.forecast = FORECAST_KEEP * state.forecast + (1 - FORECAST_KEEP) * accepted / judged
-
-
-def _pays(
-    c: CostModel, i: int, survive: torch.Tensor, forecast: torch.Tensor, rho: float, c_d: float | None = None
-) -> torch.Tensor:
-    """classifier.ClassifierPolicy._pays for every row: does some window longer than i tokens (the next ones
-    accepted at `forecast` each, the i so far with probability `survive`) gain more expected tokens than its
-    extra cost at rate rho? The same products and sums in the same order (cumprod, cumsum) in float64. c_d: a
-    draft token's cost when not the cost model's own (a share of a batched position)."""
-    n = survive.shape[0]
-    top = len(c.c_t)
-    if i + 1 >= top:
-        return torch.zeros(n, dtype=torch.bool, device=survive.device)
-    extra = _extra_costs(c, i, rho, c.c_d if c_d is None else c_d, survive.device)
-    a = forecast.double()[:, None].expand(n, len(extra)).cumprod(1)
-    gain = (survive.double()[:, None] * a).cumsum(1)
-    return (gain > extra).any(1)
-
-
-@functools.lru_cache(maxsize=512)
-def _extra_costs(c: CostModel, i: int, rho: float, c_d: float, device: torch.device) -> torch.Tensor:
-    """(top - i - 1,) float64: rho x what a window of j = i + 1 .. top - 1 tokens costs beyond one of i. Made once
-    per cost model, position and rate (every draft position asks: the decision's cost is measured)."""
-    top = len(c.c_t)
-    base = i * c_d + c.c_t[min(i, top - 1)]
-    return torch.tensor(
-        [rho * (j * c_d + c.c_t[j] - base) for j in range(i + 1, top)], dtype=torch.float64, device=device
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _as_tensor(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float64, device=device)
+            state.prev_accepted = int(accepted)
+            state.forecast = forecast_after(state.forecast, int(drafted), int(accepted))
 
 
 @functools.lru_cache(maxsize=8)

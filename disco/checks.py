@@ -29,7 +29,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "threshold": ("--threshold", "threshold"),
     "lam": ("--lambda", "lam"),
     "h": ("--svip-h", "h"),
-    "classifier_setting": ("--classifier-threshold", "classifier_setting"),
+    "classifier_setting": ("--classifier-setting", "classifier_setting"),
     "max_window": ("--max-window", "max_window"),
     "max_new_tokens": ("--max-new-tokens", "max_new_tokens"),
     "temperature": ("--temperature", "temperature"),

@@ -7,24 +7,11 @@ both take the decision by one rule on one feature vector:
     features = WindowState.step(token_features(step), window_pos)   (features.py, FEATURES order)
                [+ the draft's hidden state, for a model that reads it]
     p        = P(accept | features)                                  (calibrated when the artifact says so)
-    stop     = RULES[rule](p, window so far)
+    stop     = RULES[rule].stops(position, p, prod(p_i) so far, setting, cost)   (rules.py)
 
-Rules (`rule`, with its tuned `setting` as its parameter: a probability for token and cumulative, a
-rate for the cost rules):
-  token       stop when p < t                                (DISCO)
-  cumulative  stop when P(at least one rejection in the window) = 1 - prod(p_i) > h   (SpecDec++)
-  cost        renewal-reward rule under the pair's cost model: with S = prod(p_i) the chance the
-              window so far is accepted whole and the next tokens forecast at the current p, keep
-              drafting while some longer window m gains more expected tokens than it costs at rate
-              rho = r / c_t(1):   S * sum_{l=1..m-i} p^l  >  rho * (cost(m) - cost(i)),
-              cost(m) = m * c_d + c_t(m + 1); and before a window, draft at all only when a perfectly
-              accepted window of some length would pay at that rate (else: a target-only step).
-              r = 1 is target-only decoding's rate; the tuned r is the long-run rate to beat.
-  cost-adaptive  the cost rule, but the "draft at all" decision forecasts every token accepted at f, a
-              running estimate of per-token acceptance (accepted / judged tokens of recent windows,
-              starting at 1; each skipped round moves it a quarter of the way back to 1, so a prompt
-              where drafting stopped paying is probed again), and drafts when such a window beats
-              target-only decoding: per prompt, it drafts where drafting pays.
+The rules (token, cumulative, cost, cost-adaptive) and their setting are rules.py's, shared with the batched
+form (batch_policy.BatchClassifier). This policy keeps one window's state (position, prod(p_i)) and the
+cost-adaptive rule's running forecast.
 
 The one difference between live and simulated decisions: live, a logistic/MLP model runs in float32
 on the draft's device, while the simulator batches in float64 on the host, so a decision can differ
@@ -40,13 +27,11 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from disco.defaults import DEFAULT_RULE, RULES
+from disco.defaults import DEFAULT_RULE, RULES  # noqa: F401 -- RULES: the rules' names, read from here (tuning)
 from disco.errors import DiscoError
 from disco.features import FEATURES, TARGET_SIGNALS, WindowState
 from disco.policy import Decision, PolicyBase, Signals, decide_now
-
-FORECAST_KEEP = 0.5  # cost-adaptive: weight of the old acceptance estimate after each window
-FORECAST_RELAX = 0.25  # cost-adaptive: share of the way back to 1 the estimate moves per skipped round
+from disco.rules import forecast_after, forecast_relaxed, rule_named
 
 
 class Predictor(Protocol):
@@ -71,16 +56,11 @@ class ClassifierPolicy(PolicyBase):
         cost=None,
         project: torch.Tensor | None = None,
     ) -> None:
-        if rule not in RULES:
-            raise DiscoError(f"unknown classifier rule {rule!r}: choose one of {', '.join(RULES)}")
-        costly = rule.startswith("cost")
-        if not costly and not 0.0 <= setting <= 1.0:
-            raise DiscoError(f"the classifier threshold must be within [0, 1] (got {setting})")
-        if costly and cost is None:
-            raise DiscoError("the cost rule needs the pair's cost model (a disco profile)")
+        self._rule = rule_named(rule)  # the decision (rules.py)
+        self._rule.check(setting, cost)
         self.model = model
         self.setting = setting  # the rule's parameter: token/cumulative a probability, cost rules a rate
-        self.rule = rule
+        self.rule = rule  # its name
         self.cost = cost  # simulate.CostModel, for the cost rule
         self.token_classes = token_classes  # (vocab,) class index per token, on the draft's device (live only)
         self.project = project  # (hidden, stored) projection of wide hidden states (features.hidden_projection)
@@ -147,39 +127,16 @@ class ClassifierPolicy(PolicyBase):
     def stops(self, p_accept: float) -> bool:
         self._pos += 1
         self._survive *= p_accept
-        if self.rule == "token":
-            return p_accept < self.setting
-        if self.rule == "cumulative":
-            return 1.0 - self._survive > self.setting
-        return not self._pays(self._pos, self._survive, p_accept, self._rate())
-
-    def _rate(self) -> float:
-        return self.setting / self.cost.c_t[0]  # tokens per unit time to beat
-
-    def _pays(self, i: int, survive: float, forecast: float, rho: float) -> bool:
-        """Does some window longer than i tokens (the next tokens accepted at `forecast` each, the i so
-        far with probability `survive`) gain more expected tokens than its extra cost at rate rho?"""
-        c = self.cost
-        base = i * c.c_d + c.c_t[min(i, len(c.c_t) - 1)]
-        gain, a = 0.0, 1.0
-        for m in range(i + 1, len(c.c_t)):
-            a *= forecast
-            gain += survive * a
-            if gain > rho * (m * c.c_d + c.c_t[m] - base):
-                return True
-        return False
+        return self._rule.stops(self._pos, p_accept, self._survive, self.setting, self.cost)
 
     # --- StoppingPolicy ------------------------------------------------------------------------
 
     def drafts(self) -> bool:
-        if self.rule == "cost":  # would a perfectly accepted window pay at the tuned rate?
-            return self._pays(0, 1.0, 1.0, self._rate())
-        if self.rule == "cost-adaptive":  # would a window accepted at the forecast beat target-only decoding?
-            if self._pays(0, 1.0, self._forecast, 1.0 / self.cost.c_t[0]):
-                return True
-            self._forecast += (1.0 - self._forecast) * FORECAST_RELAX
-            return False
-        return True
+        if self._rule.drafts(self._forecast, self.setting, self.cost):
+            return True
+        if self._rule.forecasts:  # a skipped round: probe the prompt again sooner
+            self._forecast = forecast_relaxed(self._forecast)
+        return False
 
     def start(self) -> None:
         self.window.start()
@@ -202,9 +159,8 @@ class ClassifierPolicy(PolicyBase):
 
     def update(self, n_drafted: int, n_accepted: int, signals: Signals | None = None) -> None:
         self.window.end(n_drafted, n_accepted, signals() if signals is not None and self.reads_signals else None)
-        if n_drafted > 0:  # judged tokens: the accepted ones and the first rejected one
-            judged = n_accepted + (n_accepted < n_drafted)
-            self._forecast = FORECAST_KEEP * self._forecast + (1 - FORECAST_KEEP) * n_accepted / judged
+        if n_drafted > 0:
+            self._forecast = forecast_after(self._forecast, n_drafted, n_accepted)
 
 
 def chosen_rule(artifact, setting: float | None = None, rule: str | None = None) -> tuple[str, float]:
@@ -215,10 +171,10 @@ def chosen_rule(artifact, setting: float | None = None, rule: str | None = None)
         return "threshold", float(artifact.choice["setting"])
     rule = rule or artifact.rule
     if setting is None:
-        setting = artifact.threshold if rule == artifact.rule else artifact.rule_settings.get(rule)
+        setting = artifact.setting if rule == artifact.rule else artifact.rule_settings.get(rule)
         if setting is None:
             raise DiscoError(
                 f"{artifact.path} has no tuned setting for the {rule} rule: give one "
-                "(--classifier-threshold) or retrain it with this disco"
+                "(--classifier-setting) or retrain it with this disco"
             )
     return rule, float(setting)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
@@ -39,6 +40,7 @@ from disco.defaults import (
     MT_BENCH_NAMES,
     MT_BENCH_SPLITS,
     POLICY_NAMES,
+    RULES,
     SVIP_H,
 )
 from disco.options import PairOptions
@@ -119,6 +121,14 @@ MT_BENCH_HELP = (
 )
 CHAT_OPTION = typer.Option(
     None, "--chat/--no-chat", help="Apply the chat template (default: when the tokenizer has one)."
+)
+CLOSED_LOOP_OPTION = typer.Option(
+    False,
+    "--closed-loop/--no-closed-loop",
+    help="disco's loop (torch, llama.cpp): the costs the cost rules read are timed in this run (the artifact's or "
+    "profile's only seed them), the classifier's P(accept) is recalibrated from verified windows, and a governor "
+    "falls back to a fixed draft length where the policy loses to one. compare: each policy row also runs so, as "
+    "'ROW (closed loop)'.",
 )
 ENGINE_OPTION = typer.Option(
     DEFAULT_ENGINE,
@@ -297,14 +307,20 @@ _POLICY_OPTIONS: dict[str, tuple[Any, Any]] = {
     ),
     "classifier_setting": (
         Optional[float],
-        typer.Option(None, "--classifier-threshold", help="classifier: override the tuned setting of its rule."),
+        typer.Option(
+            None,
+            help="classifier: override the tuned setting of its rule (token, cumulative: a probability; the cost "
+            "rules: a rate).",
+        ),
     ),
+    # the setting's old flag, still read (hidden): one name, --classifier-setting, is shown and named in errors
+    "classifier_threshold": (Optional[float], typer.Option(None, hidden=True)),
     "classifier_rule": (
         Optional[str],
         typer.Option(
             None,
-            help="classifier: run this rule (token, cumulative, cost, cost-adaptive) "
-            "at its tuned setting instead of the one disco train chose.",
+            help=f"classifier: run this rule ({', '.join(RULES)}) at its tuned setting instead of the one disco "
+            "train chose.",
         ),
     ),
     "trust_pickle": (
@@ -314,9 +330,15 @@ _POLICY_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
-def _policy_spec(**fields: Any):
+def _policy_spec(classifier_threshold: float | None = None, **fields: Any):
+    from disco.errors import DiscoError
     from disco.policy_registry import PolicySpec  # the policies: only once a command runs
 
+    if classifier_threshold is not None:  # the deprecated name of --classifier-setting
+        if fields["classifier_setting"] is not None:
+            raise DiscoError("--classifier-threshold is the old name of --classifier-setting: give only the latter")
+        warnings.warn("--classifier-threshold is deprecated: use --classifier-setting", FutureWarning, stacklevel=2)
+        fields["classifier_setting"] = classifier_threshold
     return PolicySpec(**fields)
 
 

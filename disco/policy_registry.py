@@ -36,6 +36,7 @@ from disco.policy import (
     SVIPPolicy,
     ThresholdPolicy,
 )
+from disco.rules import rule_named
 from disco.settings import check_setting
 
 if TYPE_CHECKING:
@@ -55,10 +56,10 @@ class PolicySpec:
     lam_adaptive: bool = True  # adaedl: the paper's update of lambda after each round
     h: float = SVIP_H  # svip: stop when sqrt(c * entropy) exceeds this
     classifier: str | None = None  # classifier: path of the trained artifact
-    # classifier: override the tuned setting of its rule (a probability for token/cumulative, a rate for the cost
-    # rules; the CLI's --classifier-threshold, the manifest's "threshold")
+    # classifier: override the tuned setting of its rule (rules.py: a probability for token/cumulative, a rate for
+    # the cost rules). One name: the CLI's --classifier-setting, the manifest's "setting", the rules' `setting`
     classifier_setting: float | None = None
-    classifier_rule: str | None = None  # classifier: run this rule (classifier.RULES) instead of the chosen one
+    classifier_rule: str | None = None  # classifier: run this rule (rules.RULES) instead of the chosen one
     trust_pickle: bool = False  # classifier: allow a joblib (pickle) artifact, which can run code
 
     def __post_init__(self) -> None:
@@ -67,6 +68,8 @@ class PolicySpec:
             raise DiscoError(f"unknown policy {self.name!r}: choose one of {others}")
         for name in self.kind.settings:  # the one check of a policy's knobs (their ranges: settings.RANGES)
             check_setting(name, getattr(self, name))
+        if self.classifier_rule is not None:  # the one check of the rule, and of the setting under it
+            rule_named(self.classifier_rule).check(self.classifier_setting)
 
     @property
     def kind(self) -> PolicyKind:
@@ -136,8 +139,8 @@ def _oracle(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
 
 def _classifier(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
     if ctx.model is not None:  # the simulator: a model in memory, its rule and setting given
-        threshold = DEFAULT_THRESHOLD if spec.classifier_setting is None else spec.classifier_setting
-        return ClassifierPolicy(ctx.model, threshold, rule=spec.classifier_rule or DEFAULT_RULE, cost=ctx.cost)
+        setting = DEFAULT_THRESHOLD if spec.classifier_setting is None else spec.classifier_setting
+        return ClassifierPolicy(ctx.model, setting, rule=spec.classifier_rule or DEFAULT_RULE, cost=ctx.cost)
     if spec.classifier is None:
         raise DiscoError("the classifier policy needs a trained artifact: pass --classifier models/NAME")
     if ctx.pair is None:
@@ -161,10 +164,7 @@ def _batched_classifier(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
     rule, setting = chosen_rule(artifact, spec.classifier_setting, spec.classifier_rule)
     if rule == "threshold":
         return BatchThreshold(setting)
-    cost = artifact.cost_model()
-    if rule.startswith("cost") and cost is None:
-        raise DiscoError("the cost rule needs the pair's cost model (a disco profile)")
-    return BatchClassifier(artifact.torch_predictor(ctx.device or "cpu"), rule, setting, cost)
+    return BatchClassifier(artifact.torch_predictor(ctx.device or "cpu"), rule, setting, artifact.cost_model())
 
 
 def _budget(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from disco.batch_policy import Batch, BatchClassifier, BatchConstant, BatchTarget, RequestState, never_drafts
+from disco.batch_policy import (
+    Batch,
+    BatchClassifier,
+    BatchConstant,
+    BatchTarget,
+    RequestState,
+    RowState,
+    never_drafts,
+)
 from disco.classifier import ClassifierPolicy
 from disco.cost import CostModel
 from disco.errors import DiscoError
@@ -136,3 +144,48 @@ def test_simulate_batched_charges_no_draft_pass_to_a_policy_that_never_drafts():
     assert not never_drafts(drafts, cheap, 2, 4)
     run = simulate_batched(traces, drafts, cheap, 2, 4)
     assert run.drafted > 0 and run.positions > 0
+
+
+@pytest.mark.parametrize("on_rows", [False, True], ids=["states", "rows"])
+@pytest.mark.parametrize(
+    "rule, setting", [("token", 0.55), ("cumulative", 0.6), ("cost", 1.0), ("cost", 1.8), ("cost-adaptive", 1.0)]
+)
+def test_the_batched_classifier_decides_as_the_scalar_one_for_every_request(rule, setting, on_rows):
+    """BatchClassifier (one call for all rows) and one ClassifierPolicy per request, fed the same P(accept)s and the
+    same verification outcomes over several windows, draft, stop and update alike (rules.py's one dispatch)."""
+    rng = np.random.default_rng(3)
+    n, k_max, cost = 64, 8, CostModel(0.25, tuple(1.0 + 0.15 * k for k in range(9)))
+    p = torch.tensor(rng.uniform(0.2, 1.0, (6, k_max, n)))  # window, position, request
+    batched = BatchClassifier(lambda x: p[w, pos - 1], rule, setting, cost)
+    scalar = [ClassifierPolicy(_Sure(0.5), setting, rule=rule, cost=cost) for _ in range(n)]
+    states = [RequestState(str(i)) for i in range(n)]
+    rows = RowState.fresh(n, "cpu") if on_rows else None
+    windows = []
+    for w in range(6):
+        batch = Batch(states, rows=rows)
+        live = batched.drafts(batch)
+        assert live.tolist() == [s.drafts() for s in scalar]
+        batched.start(batch, torch.device("cpu"))
+        for s in scalar:
+            s.start()
+        drafted, pos = torch.zeros(n, dtype=torch.long), 0
+        while bool(live.any()) and pos < k_max:
+            pos += 1
+            stop = batched.stops(pos, torch.full((n, len(TOKEN_FEATURES)), 0.5), p[w, pos - 1].float(), live)
+            want = [s.stops(float(p[w, pos - 1, i])) for i, s in enumerate(scalar)]
+            assert [bool(x) for x, on in zip(stop.tolist(), live.tolist()) if on] == [
+                x for x, on in zip(want, live.tolist()) if on
+            ]
+            drafted = torch.where(live, pos, drafted)
+            live = live & ~stop
+        accepted = torch.minimum(torch.tensor(rng.integers(0, k_max + 1, n)), drafted)
+        if rows is not None:
+            batched.update(rows, drafted, accepted)
+        for i, s in enumerate(scalar):
+            s.update(int(drafted[i]), int(accepted[i]))
+            if rows is None:
+                batched.update(states[i], int(drafted[i]), int(accepted[i]))
+        forecasts = rows.forecast.tolist() if rows is not None else [st.forecast for st in states]
+        assert forecasts == [s._forecast for s in scalar]
+        windows += drafted.tolist()
+    assert len(set(windows)) > 2  # windows of several lengths: the rule decided something

@@ -155,7 +155,7 @@ def tiny_traces_and_artifact(tmp_path_factory):
     W = np.zeros((len(FEATURES), 1))
     W[FEATURES.index("p_chosen"), 0] = 6.0
     model = DenseModel("logistic", np.zeros(len(FEATURES)), np.ones(len(FEATURES)), [(W, np.array([-3.0]))])
-    save_artifact(root / "clf", model, {"threshold": 0.5, "rule": "token", "pair": pair.describe()})
+    save_artifact(root / "clf", model, {"setting": 0.5, "rule": "token", "pair": pair.describe()})
     return root / "traces", root / "clf"
 
 

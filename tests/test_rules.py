@@ -10,19 +10,31 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_cli import cli
-from test_collect import CONFIG, make_prompts, pair32  # noqa: F401 -- the fixture
-from test_simulate import ProbModel, V, _stub_pair, collected_trace, counts, synthetic_trace
+from helpers import CONFIG, ProbModel, cli, collected_trace, counts, make_prompts, synthetic_trace
+from tiny import POSITION_VOCAB as V
+from tiny import position_stub_pair
 
-from disco.artifact import Calibration, DenseModel, load_artifact, save_artifact
-from disco.classifier import ClassifierPolicy
+from disco.artifact import (
+    ARTIFACT_FORMAT,
+    Calibration,
+    DenseModel,
+    integrity_sha256,
+    load_artifact,
+    rehash_artifact,
+    save_artifact,
+)
+from disco.batch_policy import BatchClassifier
+from disco.classifier import ClassifierPolicy, chosen_rule
 from disco.compare import default_entries, select_entries
 from disco.cost import CostModel
 from disco.decode import DecodeConfig, speculative_generate
 from disco.errors import DiscoError
 from disco.features import FEATURES, TOKEN_FEATURES
 from disco.policy import AdaEDLPolicy, DraftStep, SVIPPolicy
-from disco.policy_registry import make_policy
+from disco.policy_registry import BuildContext, PolicySpec, make_policy
+from disco.rules import RULES as RULE_OBJECTS
+from disco.rules import forecast_after, forecast_relaxed
+from disco.settings import SettingError
 from disco.simulate import prompt_traces, replay_policy, simulate
 
 
@@ -82,7 +94,7 @@ def test_adaedl_bound_and_lambda_update():
 )
 def test_adaedl_and_svip_simulate_exactly_and_losslessly(name, kw):
     """Position stubs: teacher-forced features equal the live ones, so the counts must agree exactly."""
-    target, draft = _stub_pair()
+    target, draft = position_stub_pair()
     table = torch.zeros(V, dtype=torch.long)
     stopped_early = 0
     for i, prompt in enumerate([[i % V] * (1 + i % 3) for i in range(6)]):
@@ -145,7 +157,7 @@ def test_cost_rule_by_hand():
     ],
 )
 def test_classifier_rules_simulate_exactly_and_losslessly(rule, setting, cost):
-    target, draft = _stub_pair()
+    target, draft = position_stub_pair()
     table = torch.zeros(V, dtype=torch.long)
     model = ProbModel(lambda f: min(0.99, f["p_chosen"] * (0.8 + 0.2 * f["last_target_p"])))
     drafted = 0
@@ -186,7 +198,7 @@ def test_cost_adaptive_rule_skips_where_acceptance_is_low_and_probes_again():
 def test_target_signals_reach_the_classifier_as_the_loop_sees_them():
     """The simulated classifier reads last_* features computed from the trace's signal columns; the
     live one from the loop's verification: the decisions (hence counts) agree only if they are equal."""
-    target, draft = _stub_pair()
+    target, draft = position_stub_pair()
     table = torch.zeros(V, dtype=torch.long)
     model = ProbModel(lambda f: 0.95 if f["last_rejected"] == 0 and f["last_target_entropy"] < 1.0 else 0.3)
     df = collected_trace(target, draft, [1, 2], 40, table, "p", max_window=6)
@@ -231,7 +243,7 @@ def test_head_artifact_round_trip_and_refusals(tmp_path):
         tmp_path / "h",
         head,
         {
-            "threshold": 0.5,
+            "setting": 0.5,
             "pair": PAIR,
             "calibration": {"a": 1.2, "b": -0.1},
             "hidden": {"dim": 4, "stored_dim": 4, "projection_seed": None},
@@ -283,7 +295,7 @@ def test_wide_hidden_states_are_projected_with_the_recorded_seed():
 # --- damaged shards ---------------------------------------------------------------------------------
 
 
-def test_damaged_shard_is_a_one_line_error_and_collect_redoes_it(pair32, tmp_path, capsys):  # noqa: F811
+def test_damaged_shard_is_a_one_line_error_and_collect_redoes_it(pair32, tmp_path, capsys):
     from disco.collect import collect
     from disco.trace import read_trace_rows
 
@@ -343,3 +355,141 @@ def test_adaedl_and_svip_replay_on_a_hand_made_trace():
     trace = prompt_traces(synthetic_trace("a", [1, 1, 0, 1, 1, 1]))
     for name in ("adaedl", "svip"):
         assert simulate(trace, replay_policy(name), 4).totals.new_tokens == 6
+
+
+# --- one rule, one name (issue 46): the rules' scalar and batched forms, the setting's name, early refusals ------
+
+
+def _random_cost(rng: np.random.Generator) -> CostModel:
+    top = int(rng.integers(3, 22))
+    slope = float(rng.choice([0.0, rng.uniform(0.0, 0.3), rng.uniform(0.3, 1.0)]))
+    return CostModel(float(rng.uniform(0.0, 0.5)), tuple(1.0 + slope * k for k in range(top)), "random")
+
+
+@pytest.mark.parametrize("name", list(RULE_OBJECTS))
+def test_scalar_and_batched_rules_decide_alike_on_random_rows(name):
+    """Every rule's scalar form (the live loop, the simulator) and batched form (vLLM's draft) give the same
+    decision, row by row, on a few hundred random rows: p, S, position, setting and cost model."""
+    rule, rng = RULE_OBJECTS[name], np.random.default_rng(46)
+    stops = drafts = 0
+    for _ in range(8):
+        cost = _random_cost(rng)
+        top = len(cost.c_t)
+        setting = float(rng.uniform(0.0, 1.0) if rule.setting_range.admits(1.0) else rng.uniform(0.0, 3.0))
+        n = 50
+        p = rng.uniform(0.0, 1.0, n)
+        p[:5] = [0.0, 1.0, setting if setting <= 1 else 0.5, 1.0 - setting if setting <= 1 else 0.5, 0.999]
+        survive = p * rng.uniform(0.0, 1.0, n) ** rng.integers(0, 4, n)
+        for pos in (1, int(rng.integers(1, top + 2)), top):
+            batched = rule.stops_rows(
+                pos, torch.tensor(p), torch.tensor(survive), setting, cost, torch.ones(n, dtype=torch.bool)
+            )
+            scalar = [rule.stops(pos, float(a), float(s), setting, cost) for a, s in zip(p, survive)]
+            assert batched.tolist() == scalar
+            stops += sum(scalar)
+        forecast = rng.uniform(0.0, 1.0, n)
+        batched = rule.drafts_rows(torch.tensor(forecast), setting, cost)
+        scalar = [rule.drafts(float(f), setting, cost) for f in forecast]
+        assert batched.tolist() == scalar
+        drafts += sum(scalar)
+    assert 0 < stops < 8 * 3 * 50  # both answers occur: the comparison is not vacuous
+    if rule.forecasts:
+        assert 0 < drafts < 8 * 50
+
+
+def test_the_forecast_is_the_same_arithmetic_for_one_request_and_for_rows():
+    rng = np.random.default_rng(7)
+    f = rng.uniform(0, 1, 200)
+    drafted = rng.integers(1, 9, 200)
+    accepted = np.minimum(rng.integers(0, 9, 200), drafted)
+    rows = forecast_after(torch.tensor(f), torch.tensor(drafted), torch.tensor(accepted).double())
+    assert rows.tolist() == [forecast_after(float(a), int(d), int(k)) for a, d, k in zip(f, drafted, accepted)]
+    assert forecast_relaxed(torch.tensor(f)).tolist() == [forecast_relaxed(float(a)) for a in f]
+
+
+def test_an_unknown_rule_or_a_setting_outside_the_rules_range_is_refused_by_the_spec():
+    with pytest.raises(DiscoError, match=r"unknown classifier rule 'costly': choose one of token, cumulative, cost, "):
+        PolicySpec("classifier", classifier_rule="costly", classifier_setting=1.0)
+    with pytest.raises(SettingError, match=r"classifier_setting must be within \[0, 1\] \(got 1.5\)"):
+        PolicySpec("classifier", classifier_rule="token", classifier_setting=1.5)
+    assert PolicySpec("classifier", classifier_rule="cost", classifier_setting=1.5).classifier_setting == 1.5
+    # the batched form no longer falls through to the cost rule's branch for a name it does not know
+    with pytest.raises(DiscoError, match="unknown classifier rule 'costly'"):
+        BatchClassifier(lambda x: x[:, 0], "costly", 1.0, COST)
+    with pytest.raises(DiscoError, match="the cost-adaptive rule needs the pair's cost model"):
+        BatchClassifier(lambda x: x[:, 0], "cost-adaptive", 1.0, None)
+
+
+def test_an_unknown_rule_is_one_line_exit_2_before_any_model_loads(capsys, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a pair was loaded before the rule was checked")
+
+    monkeypatch.setattr("disco.pair.load_pair", no_loading)
+    code, out, err = cli(
+        capsys, "generate", "--prompt", "x", "--policy", "classifier", "--classifier", "embedded-qwen2.5-coder",
+        "--classifier-rule", "costly", "--classifier-setting", "1.0",
+    )  # fmt: skip
+    assert code == 2 and out == ""
+    assert err == (
+        "error: unknown classifier rule 'costly': choose one of token, cumulative, cost, cost-adaptive "
+        "(--classifier-rule)\n"
+    )
+    code, out, err = cli(
+        capsys, "generate", "--prompt", "x", "--policy", "classifier", "--classifier-rule", "token",
+        "--classifier-setting", "1.5",
+    )  # fmt: skip
+    assert (code, err) == (2, "error: --classifier-setting must be within [0, 1] (got 1.5)\n")
+
+
+def test_the_setting_flows_by_one_name_from_the_cli_to_the_rule(capsys, monkeypatch):
+    """--classifier-setting -> PolicySpec.classifier_setting -> the policy's `setting`, which its rule decides by;
+    the old flag --classifier-threshold still reads, with a warning, and never beside the new one."""
+    specs = []
+    monkeypatch.setattr("disco.commands.generate", lambda prompt, prompts, spec, *rest: specs.append(spec))
+    args = ("generate", "--prompt", "x", "--policy", "classifier", "--classifier", "embedded-qwen2.5-coder")
+    args += ("--classifier-rule", "token")
+    code, _, err = cli(capsys, *args, "--classifier-setting", "0.37")
+    assert (code, err) == (0, "")
+    code, _, err = cli(capsys, *args, "--classifier-threshold", "0.37")
+    assert code == 0 and "--classifier-threshold is deprecated: use --classifier-setting" in err
+    code, _, err = cli(capsys, *args, "--classifier-threshold", "0.3", "--classifier-setting", "0.4")
+    assert (code, err.count("\n")) == (2, 1) and "give only the latter" in err
+    assert [s.classifier_setting for s in specs] == [0.37, 0.37]
+    policy = specs[0].kind.build(specs[0], BuildContext(model=ProbModel(lambda f: 0.5)))
+    assert (policy.rule, policy.setting) == ("token", 0.37)
+    policy.start()
+    assert [policy.stops(p) for p in (0.38, 0.37, 0.36)] == [False, False, True]
+
+
+def test_an_old_manifest_with_threshold_still_loads(tmp_path):
+    """Format 2 recorded the rule's setting as "threshold"; format 3 names it "setting" (its one name)."""
+    n = len(FEATURES)
+    model = DenseModel(
+        "logistic", np.zeros(n), np.ones(n), [(np.full((n, 1), 0.1), np.zeros(1))], "identity", list(range(n))
+    )
+    folder = save_artifact(tmp_path / "a", model, {"setting": 0.42, "rule": "cumulative", "pair": {}})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["format"] == ARTIFACT_FORMAT == 3 and "threshold" not in manifest
+    assert load_artifact(folder).setting == 0.42
+    # as a format-2 disco wrote it
+    manifest["threshold"] = manifest.pop("setting")
+    manifest["format"] = 2
+    manifest["integrity_sha256"] = integrity_sha256(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    old = load_artifact(folder)
+    assert old.setting == 0.42 and chosen_rule(old) == ("cumulative", 0.42)
+    # the old key in a format-3 manifest is an edit, refused like any other
+    manifest["format"] = 3
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DiscoError, match="lacks or garbles a required field"):
+        load_artifact(folder)
+    # rehash_artifact brings it to the current format, under the new name
+    manifest["format"] = 2
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    rehash_artifact(folder)
+    upgraded = json.loads((folder / "manifest.json").read_text())
+    assert (upgraded["format"], upgraded["setting"], "threshold" in upgraded) == (3, 0.42, False)
+    assert load_artifact(folder).setting == 0.42
+    # a shipped artifact (format 2) reads its setting by the old key
+    shipped = load_artifact("embedded-qwen2.5-coder")
+    assert shipped.setting == shipped.manifest["threshold"]

@@ -237,7 +237,7 @@ def test_artifact_warns_at_another_temperature(tmp_path):
     from disco.artifact import DenseModel, save_artifact
 
     model = DenseModel("logistic", np.zeros(2), np.ones(2), [(np.ones((2, 1)), np.zeros(1))], "identity", [0, 1])
-    save_artifact(tmp_path / "a", model, {"threshold": 0.5, "sampling": {"temperature": 0.7, "top_p": 0.95}}, "# m\n")
+    save_artifact(tmp_path / "a", model, {"setting": 0.5, "sampling": {"temperature": 0.7, "top_p": 0.95}}, "# m\n")
     art = load_artifact(tmp_path / "a")
     assert art.sampling == {"temperature": 0.7, "top_p": 0.95}
     with pytest.warns(SamplingMismatch, match="trained for temperature 0.7, top-p 0.95 but runs at greedy decoding"):

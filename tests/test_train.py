@@ -113,9 +113,9 @@ def test_best_constant_is_the_longest_window_when_everything_is_accepted():
 def test_artifact_round_trip_predicts_identically(data, tmp_path, kind):
     _, X, y, tr, va, val_traces = data
     model = fit_model(kind, X[tr], y[tr], seed=1)
-    save_artifact(tmp_path / "m", model, {"threshold": 0.6, "pair": PAIR})
+    save_artifact(tmp_path / "m", model, {"setting": 0.6, "pair": PAIR})
     art = load_artifact(tmp_path / "m", expect_pair=PAIR)
-    assert art.kind == kind and art.threshold == 0.6
+    assert art.kind == kind and art.setting == 0.6
     assert np.array_equal(art.predict_proba(X[va]), model.predict_proba(X[va]))
     assert art.predict_proba(X[0]).shape == (1,)
     predict = art.torch_predictor("cpu")  # the live path: (F,) tensor -> 0-dim probability
@@ -130,7 +130,7 @@ def test_artifact_round_trip_predicts_identically(data, tmp_path, kind):
 @pytest.fixture()
 def artifact(data, tmp_path):
     _, X, y, tr, _, _ = data
-    return save_artifact(tmp_path / "m", fit_model("logistic", X[tr], y[tr]), {"threshold": 0.5, "pair": PAIR})
+    return save_artifact(tmp_path / "m", fit_model("logistic", X[tr], y[tr]), {"setting": 0.5, "pair": PAIR})
 
 
 def test_tampered_model_is_refused(artifact):
@@ -154,7 +154,7 @@ def test_artifact_of_an_older_feature_list_loads_by_name(data, tmp_path):
     _, X, y, tr, va, _ = data
     old = [i for i, f in enumerate(FEATURES) if f not in TARGET_SIGNALS]
     model = fit_model("logistic", X[tr], y[tr], old)
-    folder = save_artifact(tmp_path / "old", model, {"threshold": 0.5, "pair": PAIR})
+    folder = save_artifact(tmp_path / "old", model, {"setting": 0.5, "pair": PAIR})
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["features"] = [FEATURES[i] for i in old]  # what the older disco wrote
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -165,7 +165,7 @@ def test_artifact_of_an_older_feature_list_loads_by_name(data, tmp_path):
 
 
 def test_other_pair_is_refused(artifact):
-    assert load_artifact(artifact, expect_pair={**PAIR, "target": "/moved/tiny-target"}).threshold == 0.5
+    assert load_artifact(artifact, expect_pair={**PAIR, "target": "/moved/tiny-target"}).setting == 0.5
     with pytest.raises(DiscoError, match="another tokenizer"):
         load_artifact(artifact, expect_pair={**PAIR, "tokenizer_hash": "def"})
     with pytest.raises(DiscoError, match="trained for draft /models/tiny-draft, not other"):
@@ -186,8 +186,8 @@ def test_pickled_model_needs_trust(data, tmp_path):
     _, X, y, tr, va, _ = data
     model = JoblibModel(DecisionTreeClassifier(max_depth=3).fit(X[tr], y[tr]))
     with pytest.raises(DiscoError, match="trust-pickle"):
-        save_artifact(tmp_path / "p", model, {"threshold": 0.5})
-    save_artifact(tmp_path / "p", model, {"threshold": 0.5}, trust_pickle=True)
+        save_artifact(tmp_path / "p", model, {"setting": 0.5})
+    save_artifact(tmp_path / "p", model, {"setting": 0.5}, trust_pickle=True)
     with pytest.raises(DiscoError, match="pickled model.*--trust-pickle"):
         load_artifact(tmp_path / "p")
     art = load_artifact(tmp_path / "p", trust_pickle=True)
@@ -281,7 +281,7 @@ def test_disco_train_command(traces_dir, tmp_path, capsys):
         assert policy in stdout, policy
     manifest = json.loads((out / "manifest.json").read_text())
     art = load_artifact(out, expect_pair=PAIR)
-    assert art.threshold == manifest["tuned"]["classifier_threshold"] in RULE_GRIDS[art.rule]
+    assert art.setting == manifest["tuned"]["classifier_setting"] in RULE_GRIDS[art.rule]
     # the choice: the fastest of the learned policies and the tuned threshold, with its margin
     rows = {(r["policy"], r["setting"]): r["speedup"] for r in manifest["speedups"]}
     learned = max(v for (p, _), v in rows.items() if p.startswith("classifier"))

@@ -100,7 +100,7 @@ def _logistic_artifact(folder: Path, pair, rule: str = "token", setting: float =
         "logistic", np.zeros(2), np.ones(2), [(np.array([[6.0], [-0.4]]), np.array([-2.0]))], "identity", cols
     )
     cost = CostModel(0.2, tuple(1.0 + 0.05 * k for k in range(K_MAX + 1)), "stub")
-    manifest = {"threshold": setting, "rule": rule, "pair": pair.describe(), "cost_model": cost.to_dict()}
+    manifest = {"setting": setting, "rule": rule, "pair": pair.describe(), "cost_model": cost.to_dict()}
     return save_artifact(folder, model, manifest)
 
 

@@ -69,7 +69,7 @@ def shipped_factory(artifact):
         return replay_policy("threshold", threshold=float(artifact.choice["setting"]))
     return replay_policy(
         "classifier",
-        classifier_setting=artifact.threshold,
+        classifier_setting=artifact.setting,
         model=artifact,
         classifier_rule=artifact.rule,
         cost=artifact.cost_model(),
@@ -79,7 +79,7 @@ def shipped_factory(artifact):
 def shipped_setting(artifact) -> str:
     if artifact.choice["policy"] == "threshold":
         return f"tau = {float(artifact.choice['setting']):g}"
-    return f"{artifact.rule} rule = {artifact.threshold:g}"
+    return f"{artifact.rule} rule = {artifact.setting:g}"
 
 
 def _row_key(row: dict) -> tuple[str, str | None]:
