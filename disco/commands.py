@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -36,6 +36,7 @@ def generate(
     limit: Optional[int],
     json_out: Optional[Path],
     options: PairOptions,
+    closed_loop: bool = False,
 ) -> None:
     """`disco generate`: one prompt or a prompt set under one policy; text on stdout, stats on stderr."""
     from disco.files import atomic_write_json, write_or_rescue
@@ -58,7 +59,8 @@ def generate(
         _say(f"compiled the captured steps in {compile_s:.1f}s (once; not in the timings below)")
     records = []
     # as the engine decodes a prompt set: disco's loop one at a time, vLLM all together (its proposer inside)
-    decoded = runner_for(pair).decode([pair.encode(i.prompt, chat) for i in items], spec, config)
+    runner = runner_for(pair, closed_loop=closed_loop)  # closed loop: the prompt set is one stream
+    decoded = runner.decode([pair.encode(i.prompt, chat) for i in items], spec, config)
     for item, res in zip(items, decoded):
         text = pair.decode(res.tokens)
         typer.echo(text if len(items) == 1 else f"--- {item.id}\n{text}")
@@ -104,6 +106,7 @@ def compare(
     load_profile: Optional[list[Path]],
     proposers: str,
     options: PairOptions,
+    closed_loop: bool = False,
 ) -> None:
     """`disco compare`: every row on the same prompts; the tables on stdout, compare.json and plots under `out`."""
     from disco.compare import check_seeds, default_entries, report, run_compare, select_entries, written
@@ -148,7 +151,13 @@ def compare(
     )
     entries = select_entries(entries, policies)
     levels, lengths = int_list(concurrency, "--concurrency"), int_list(fixed_k, "--fixed-k")
-    settings = {"fixed_k": [(k, "") for k in lengths], "proposers": chosen, "schedule": schedule}  # vLLM's rows
+    # vLLM's own rows' settings (and the closed loop's, below)
+    settings: dict[str, Any] = {"fixed_k": [(k, "") for k in lengths], "proposers": chosen, "schedule": schedule}
+    if closed_loop:  # disco's loop: each policy row's twin under the closed loop (runner.LoopRunner.rows)
+        from disco.runner import check_closed_loop
+
+        check_closed_loop(pair)
+        settings["closed_loop"] = True
     result = run_compare(
         pair, items, entries, config, out, chat, seeds=seeds, concurrency=levels, settings=settings, load=load
     )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from disco.closed_loop import LoopStream
 from disco.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_MAX_WINDOW, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from disco.engines.base import Engine, Session, sync
 from disco.engines.registry import check_compatible, loop_engine
@@ -268,11 +269,18 @@ def generate(
 
 
 def generate_ids(
-    pair, ids: list[int], spec: PolicySpec, config: DecodeConfig, target_tokens: list[int] | None = None
+    pair,
+    ids: list[int],
+    spec: PolicySpec,
+    config: DecodeConfig,
+    target_tokens: list[int] | None = None,
+    closed: LoopStream | None = None,
 ) -> GenResult:
     """Decode the prompt `ids` under the policy `spec` (runner.LoopRunner: the CLI's `generate`, compare's rows).
 
-    target_tokens: the target's greedy continuation if already known (the oracle needs it)."""
+    target_tokens: the target's greedy continuation if already known (the oracle needs it).
+    closed: the policy runs under this stream's closed loop (closed_loop.ClosedLoopPolicy: costs timed here,
+    calibration, governor), through the policy interface: the round is the same."""
     config.validate()
     if len(ids) + config.max_new_tokens > pair.context_length:
         raise DiscoError(
@@ -285,4 +293,6 @@ def generate_ids(
     if kind.needs_target_tokens and target_tokens is None:
         target_tokens = target_generate(pair.target, ids, config, pair.eos_token_ids).tokens
     policy = spec.build(target_tokens, pair, config.max_window, (config.temperature, config.top_p))
+    if closed is not None and policy is not None:
+        policy = closed.wrap(policy, config.max_window)
     return speculative_generate(pair.target, pair.draft, ids, policy, config, pair.eos_token_ids)

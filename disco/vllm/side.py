@@ -260,6 +260,12 @@ class DiscoProposer:
 def _load_shared_from_env() -> None:
     """`vllm serve` with disco's proposer: the pair and policy named by the DISCO_VLLM_POLICY JSON."""
     settings = read_settings()  # (the same file as the proposer on vLLM's draft reads, with the side pair)
+    if settings.get("closed_loop"):  # (the closed loop times vLLM's draft and disco's loop, not this proposer yet)
+        raise DiscoError(
+            f'{ENV}: "closed_loop" runs on vLLM\'s own draft (a draft model in --speculative-config: '
+            "disco.vllm.draft) and in disco's own loop (disco generate --closed-loop), not on the side-engine "
+            'proposer yet: drop "closed_loop", or serve with a draft model on vLLM\'s draft'
+        )
     from disco.options import PairOptions
     from disco.pair import load_pair
 
