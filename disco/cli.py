@@ -17,6 +17,7 @@ import typer
 from disco.checks import check_options, flag_message
 from disco.cli_options import (
     CHAT_OPTION,
+    CLOSED_LOOP_OPTION,
     ENGINE_OPTION,
     MT_BENCH_HELP,
     decode_options,
@@ -96,13 +97,14 @@ def generate(
     json_out: Optional[Path] = typer.Option(
         None, "--json", help="Write text, token_ids and stats per prompt to this JSON file."
     ),
+    closed_loop: bool = CLOSED_LOOP_OPTION,
     options: PairOptions = None,
 ) -> None:
     """Generate with speculative decoding under a stopping policy; print text and stats."""
     check_options("generate", locals())
     from disco import commands
 
-    commands.generate(prompt, prompts, spec, config, chat, limit, json_out, options)
+    commands.generate(prompt, prompts, spec, config, chat, limit, json_out, options, closed_loop)
 
 
 @app.command(short_help="Every policy on the same prompts, beside the engine's own.")
@@ -179,6 +181,7 @@ def compare(
         help="vLLM: disco's proposers to run each policy in, comma-separated: draft (on vLLM's own draft model), "
         "side (the side-engine draft). On CPUs every draft row shares one vLLM instance; the side engine is one more.",
     ),
+    closed_loop: bool = CLOSED_LOOP_OPTION,
     options: PairOptions = None,
 ) -> None:
     """Every policy on the same prompts, in one run, beside the engine's own speculative decoding
@@ -208,6 +211,7 @@ def compare(
         load_profile,
         proposers,
         options,
+        closed_loop,
     )
 
 
