@@ -33,9 +33,9 @@ import torch
 from disco.cost import CostModel
 from disco.crash import keep
 from disco.decode import DecodeConfig, GenResult, GenStats, warp
-from disco.defaults import ADAEDL_LAMBDA, DEFAULT_K, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H
+from disco.defaults import ADAEDL_LAMBDA, DEFAULT_BUDGET_K, DEFAULT_K, DEFAULT_THRESHOLD, POLICY_NAMES, SVIP_H
 from disco.engines.base import Anchor, CompareRow, Variant
-from disco.engines.registry import ANCHOR_NAMES, teacher_forced
+from disco.engines.registry import ANCHOR_NAMES, ENGINE_KINDS, teacher_forced
 from disco.errors import DiscoError
 from disco.files import atomic_write_json, atomic_write_text, write_dir
 from disco.load_profiles import LoadProfiles
@@ -64,6 +64,10 @@ class Entry:
         return self.spec is None
 
 
+# vLLM's adaptive verification re-implemented (adaptive_verification.BatchAdaptiveVerification) and disco's learned
+# budget (BatchLearnedBudget), on vLLM's draft: rows "vllm draft + LABEL" (vllm/stages.serving_rows)
+ADAPTIVE_LABEL = "adaptive verification (vLLM 0.32 method)"
+LEARNED_BUDGET_LABEL = "learned budget"
 # the rows that also run in each of the engine's variants: the tuned rules and the bound
 VARIANT_ROWS = ("classifier", "oracle")
 
@@ -122,6 +126,11 @@ def default_entries(
             )
     for other in more_classifiers:
         entries.insert(-1, Entry(f"classifier ({Path(other).name})", PolicySpec("classifier", classifier=other)))
+    if pair is not None and ENGINE_KINDS[pair.engine_name].serving:  # a budget of the batch's slots: vLLM's draft
+        entries.insert(-1, Entry(ADAPTIVE_LABEL, PolicySpec("adaptive-verification", k=DEFAULT_BUDGET_K)))
+        if classifier is not None:
+            budget = PolicySpec("learned-budget", classifier=classifier, k=DEFAULT_BUDGET_K)
+            entries.insert(-1, Entry(LEARNED_BUDGET_LABEL, budget))
     if pair is not None:
         engine = pair.target_engine
         for variant in engine.variants():

@@ -127,3 +127,23 @@ def test_budget_policies_need_a_load_profile(pair, spec):
         proposer.set_policy(PolicySpec("adaptive-verification", k=K))
     with pytest.raises(DiscoError, match="runs on vLLM's draft"):
         PolicySpec("learned-budget", k=K).build()  # (no form for disco's one-request loop)
+
+
+def test_compare_rows_on_vllms_draft(pair, tmp_path, capsys):
+    """`disco compare --engine vllm` lines up vLLM's method (and, given a classifier, disco's learned budget) as rows
+    on vLLM's draft, only given a load profile (else one line says why not), never on the side engine."""
+    from disco.compare import ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL, default_entries
+    from disco.vllm.stages import serving_rows
+
+    clf = str(_logistic_artifact(tmp_path / "clf", pair))
+    entries = [e for e in default_entries(clf, pair=pair) if e.spec is not None and e.spec.kind.batch_budget]
+    assert [e.label for e in entries] == [ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL]
+    settings = {"fixed_k": [], "proposers": ("draft", "side")}
+    rows = serving_rows(pair, entries, K_MAX, settings, load=True)
+    assert [r.label for r in rows] == [
+        "vllm target-only",
+        "vllm draft + adaptive verification (vLLM 0.32 method)",
+        "vllm draft + learned budget",
+    ]
+    assert [r.label for r in serving_rows(pair, entries, K_MAX, settings, load=False)] == ["vllm target-only"]
+    assert "no vLLM load profile, so no rows for adaptive verification" in capsys.readouterr().err

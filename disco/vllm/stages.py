@@ -102,7 +102,7 @@ class VllmRunner:
         compare's policy entries as disco's proposers inside vLLM (serving_rows)."""
         if config.temperature > 0:
             raise DiscoError("compare --engine vllm runs greedy decoding (vLLM's outputs are compared token by token)")
-        rows = serving_rows(self.pair, entries, config.max_window, settings)
+        rows = serving_rows(self.pair, entries, config.max_window, settings, self.load is not None)
         if len(rows) < 2:
             raise DiscoError("no row to run beside vLLM target-only: choose rows with --policies")
         target = self.pair.target_engine
@@ -144,11 +144,15 @@ class VllmRow:
         return results
 
 
-def serving_rows(pair: Any, entries: Sequence[Any], max_window: int, settings: dict) -> list[ServingRow]:
+def serving_rows(
+    pair: Any, entries: Sequence[Any], max_window: int, settings: dict, load: bool = False
+) -> list[ServingRow]:
     """vLLM's own rows (target-only first: the reference; its draft-model decoding at fixed lengths), then
     each of compare's policy entries as disco's proposers inside vLLM: on vLLM's own draft ("vllm draft +
     POLICY", where the pair has a draft folder and the policy a batched form) and on the side engine ("vllm +
-    POLICY"), as settings["proposers"] asks. The oracle needs the target's output in advance and has no vLLM row."""
+    POLICY"), as settings["proposers"] asks. The oracle needs the target's output in advance and has no vLLM row;
+    the budget policies (PolicyKind.batch_budget: adaptive verification, the learned budget) run on vLLM's draft
+    only, and only given a load profile (`load`: their cost tables), else left out in one line."""
     target = pair.target_engine
     shared = target.shared_draft(settings, max_window)
     rows = target.serving_rows(settings, shared)
@@ -156,8 +160,15 @@ def serving_rows(pair: Any, entries: Sequence[Any], max_window: int, settings: d
     draft = shared or (SpecConfig(DISCO_DRAFT, max_window, str(target.draft_folder)) if target.draft_folder else None)
     lengths = ((1, 1, max_window),) if shared else None  # the shared instance may draft further for vLLM's rows
     proposers = settings.get("proposers", DEFAULT_VLLM_PROPOSERS)
+    unpriced = [e.label for e in entries if e.spec is not None and e.spec.kind.batch_budget and not load]
+    if unpriced and draft is not None and "draft" in proposers:
+        print(f"disco: no vLLM load profile, so no rows for {', '.join(unpriced)} (--load-profile)", file=sys.stderr)
     for e in entries:
         if e.spec is None or e.spec.kind.needs_target_tokens or e.variant is not None:
+            continue
+        if e.spec.kind.batch_budget:  # (a budget of the batch's draft slots: vLLM's draft, priced by the profile)
+            if draft is not None and "draft" in proposers and load:
+                rows.append(ServingRow(f"vllm draft + {e.label}", draft, policy=e.spec, lengths=lengths))
             continue
         if draft is not None and "draft" in proposers and e.spec.runs_batched:
             rows.append(ServingRow(f"vllm draft + {e.label}", draft, policy=e.spec, lengths=lengths))
