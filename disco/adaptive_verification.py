@@ -368,6 +368,24 @@ def tables_for(cost: CostModel | CostTables, k: int, batch: int) -> CostTables:
     return _tables(cost, k, reqs, tokens)
 
 
+def extrapolated(load: CostModel, max_batch: int, k: int) -> CostModel:
+    """The load profile stretched to `max_batch` requests verifying k drafts each, the way vLLM stretches its
+    profiled curves (build_cost_tables_from_curves: the running maximum, then a straight line past the last
+    profiled point through the last two): c_step to max_batch x (k + 1) tokens, c_draft to max_batch requests
+    (without c_draft: none). For simulating more requests than were profiled (the simulators clamp at the
+    profile's last entry)."""
+    if not load.c_step:
+        raise DiscoError(f"the cost model ({load.source}) has no load profile (c_step): profile with --engine vllm")
+    tokens = max(max_batch * (k + 1), len(load.c_step))
+    draft_curve = list(enumerate(load.c_draft, 1)) or [(1, 0.0)]
+    draft, verify = build_cost_tables_from_curves(
+        draft_curve, list(enumerate(load.c_step, 1)), max(max_batch, len(load.c_draft)), tokens
+    )
+    c_draft = tuple(float(c) for c in draft[1:]) if load.c_draft else ()
+    source = f"{load.source}, extrapolated to {max_batch} requests x {k + 1} tokens"
+    return CostModel(load.c_d, load.c_t, source, tuple(float(c) for c in verify[1:]), c_draft)
+
+
 def survival(conf: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(B, K) running products of each request's per-position confidences."""
     return conf.to(dtype).cumprod(1)

@@ -26,6 +26,7 @@ from disco.adaptive_verification import (
     budget_curve,
     build_cost_tables_from_curves,
     draft_budget,
+    extrapolated,
     log_odds,
     log_odds_from_logits,
     select,
@@ -406,3 +407,11 @@ def test_budget_policies_in_simulate_batched(traces):
     run = simulate_batched(traces, policy, load, 4, 4)
     assert run.tokens == total and run.positions < 4 * run.steps  # it stopped drafting
     assert int(policy.calibration.seen[1]) > 0 and policy.calibration.refits > 0  # what was verified teaches it
+
+
+def test_the_load_profile_extrapolated_as_vllm_extends_its_curves():
+    """extrapolated: the profile as it is where it was timed, a straight line through its last two points past it."""
+    load = CostModel(0.1, (1.0, 1.5), "p", (1.0, 1.5, 2.5, 3.0), (0.2, 0.3))
+    e = extrapolated(load, 4, 2)  # 4 requests x 3 tokens
+    assert e.c_step[:4] == load.c_step and e.c_step[4:] == pytest.approx([3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, 7.0])
+    assert e.c_draft == pytest.approx([0.2, 0.3, 0.4, 0.5]) and e.c_t == load.c_t
