@@ -11,10 +11,6 @@ import os
 import signal
 
 import pytest
-import torch
-from tiny import char_tokenizer, save_tiny, tiny_pair
-
-from disco.pair import pair_from_models
 
 # vLLM in this process, not in a child: the tests read the counts its proposer keeps (disco/vllm/engine.py sets
 # the same for disco's own instances; set here, before any test file imports vLLM)
@@ -65,11 +61,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --- fixtures the test files share (a file's own fixture of the same name takes its place there) ---------------
+# (they import what they use: the hooks above also run alone, in the folder test_crash.py copies this file to)
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """Tiny float32 model folders: (target, draft, the draft with another tokenizer: one more special token)."""
+    import torch
+    from tiny import char_tokenizer, save_tiny, tiny_pair
+
     root = tmp_path_factory.mktemp("pair")
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     tok = char_tokenizer()
@@ -84,4 +84,9 @@ def folders(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pair32():
     """A tiny float32 pair in memory (noise 0.1), for the collector (with helpers.CONFIG and make_prompts)."""
+    import torch
+    from tiny import char_tokenizer, tiny_pair
+
+    from disco.pair import pair_from_models
+
     return pair_from_models(*tiny_pair(noise=0.1, dtype=torch.float32), char_tokenizer())

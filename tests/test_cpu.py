@@ -174,7 +174,7 @@ def test_load_pair_default_backend_and_bad_name(folders):
 
 
 def test_cli_generate_cpu_backend(folders, tmp_path, capsys):
-    from test_cli import cli
+    from helpers import cli
 
     t, d = folders
     outs = {}

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import cli
-from test_reliability import one_error_line
+from helpers import cli, collect_args, one_error_line
 from tiny import char_tokenizer, save_tiny, tiny_pair
 
 from disco import crash
@@ -159,8 +158,9 @@ def test_an_engine_error_in_compare_also_says_where_the_finished_rows_are(pair, 
 
 def test_collect_crashed_keeps_its_shards_and_resumes(pair, tmp_path):
     out = tmp_path / "traces"
-    args = ["collect", "--target", pair["target"], "--draft", pair["draft"], "--prompts", pair["prompts"]]
-    args += ["--out", out, "--max-new-tokens", 8, "--device", "cpu", "--shard-prompts", 1]
+    args = collect_args(
+        pair["target"], pair["draft"], pair["prompts"], out, max_new_tokens=8, device="cpu", shard_prompts=1
+    )
     proc = disco(*args)
     assert proc.returncode == 128 + signal.SIGSEGV, proc.stderr[-3000:]
     assert f"the finished shards are kept in {out}: rerun the same command to resume" in crash_line(proc.stderr)

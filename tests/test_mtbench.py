@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from test_cli import cli, folders  # noqa: F401  (the fixture of tiny model folders)
+from helpers import cli
 from tiny import char_tokenizer, tiny_pair
 
 from disco import answers, mtbench, runner
