@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from test_cli import cli
-from test_collect import RecordingOracle
+from helpers import RecordingOracle, cli, cli_args
 from tiny import CHARS, EOS, SPECIALS, VOCAB, char_tokenizer, perturbed, save_tiny
 
 from disco.collect import collect, teacher_forced_trace
@@ -700,17 +699,7 @@ def test_cli_pair_option(family, tmp_path, capsys):
     )
     code, _, err = cli(
         capsys,
-        "collect",
-        "--pair",
-        pair_file,
-        "--prompts",
-        prompts,
-        "--out",
-        tmp_path / "tr",
-        "--max-new-tokens",
-        8,
-        "--device",
-        "cpu",
+        *cli_args("collect", pair=pair_file, prompts=prompts, out=tmp_path / "tr", max_new_tokens=8, device="cpu"),
     )
     assert code == 0, err
     manifest = json.loads((tmp_path / "tr" / "manifest.json").read_text())

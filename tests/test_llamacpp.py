@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from test_cli import cli
+from helpers import RecordingOracle, cli, collect_args
 from tiny import char_tokenizer, save_tiny, tiny_pair
 from tiny_gguf import write_tiny_gguf
 
@@ -327,7 +327,7 @@ def test_collect_train_generate_on_llamacpp(files, tmp_path, capsys, monkeypatch
     )
     pair_args = ["--target", t, "--draft", d, "--threads", 1, "--no-chat"]
     code, out, err = cli(
-        capsys, "collect", "--prompts", prompts, "--out", tmp_path / "traces", "--max-new-tokens", 24, *pair_args
+        capsys, *collect_args(t, d, prompts, tmp_path / "traces", "--threads", 1, "--no-chat", max_new_tokens=24)
     )
     assert code == 0, err
     manifest = json.loads((tmp_path / "traces" / "manifest.json").read_text())
@@ -517,7 +517,6 @@ def test_trace_hidden_states_and_signals_equal_the_live_loop_on_llamacpp(pair):
     hands a policy (DraftStep.hidden), and the trace's window features (target-side signals included)
     equal what the policy computes live, at every position the oracle drafts."""
     import numpy as np
-    from test_collect import RecordingOracle
 
     from disco.collect import teacher_forced_trace
     from disco.features import FEATURES
