@@ -16,7 +16,8 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   the last GOVERNOR_WINDOW: when the best fixed length beats the policy by GOVERNOR_MARGIN, the governor takes
   over with it. So a policy losing from its start is replaced after GOVERNOR_WINDOW steps, one that starts losing
   later within 9/8 GOVERNOR_WINDOW steps of the change;
-- on a fixed length it moves to another only when that one's estimate beats it by the margin; after a hold
+- on a fixed length it moves to another only when that one's estimate beats it (as estimated, or as measured over
+  its last GOVERNOR_WINDOW steps if lower) by the margin; after a hold
   (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
   GOVERNOR_WINDOW steps judged by the same rule. A policy that wins again is back within GOVERNOR_MAX_HOLD +
   GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW / (GOVERNOR_WINDOW +
@@ -241,7 +242,10 @@ class Governor:
         if self._judging():  # another fixed length, only when it beats this one by the margin
             est = self.fixed_speedups(costs)
             if est is not None:
-                self.estimates = est
+                self.estimates = est.copy()
+                # this length as measured over its last `window` steps, if lower: a shift in acceptance shows there
+                # within window / 2 steps, while the estimates' decayed counts take ~GOVERNOR_MEMORY steps
+                est[self.mode] = min(est[self.mode], self.spell.speedup(costs))
                 best = int(np.nanargmax(est))
                 if est[best] > est[self.mode] * (1.0 + self.margin):
                     self._enter(best)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from test_vllm import _save, tiny_vllm_qwen
 from test_vllm_draft import (  # noqa: F401 -- pytest fixtures
@@ -22,7 +23,7 @@ from test_vllm_draft import (  # noqa: F401 -- pytest fixtures
 )
 
 from disco.cost import CostModel
-from disco.defaults import GOVERNOR_HOLD
+from disco.defaults import GOVERNOR_HOLD, GOVERNOR_WINDOW
 from disco.options import PairOptions
 from disco.pair import load_pair
 from disco.policy_registry import PolicySpec
@@ -111,3 +112,83 @@ def test_settings_turn_the_closed_loop_on(monkeypatch):
         settings_from_env()
     monkeypatch.setenv(ENV, '{"policy": {"name": "threshold"}}')
     assert settings_from_env().closed_loop is False
+
+
+def _stream(pair, spec, ids, steps: int, seen: list) -> list[list[int]]:
+    """Requests one after another (the prompts in turn, 40 tokens each) until `seen` holds `steps` steps."""
+    outs = []
+    while len(seen) < steps:
+        outs.append(_generate(pair, spec, [ids[len(outs) % len(ids)]], 40)[0][0])
+    return outs
+
+
+SHIFT = 80  # the step from which the draft's tokens are wrong
+
+
+def _synthetic_clock(monkeypatch) -> None:
+    """The closed loop sees SEED's seconds instead of this machine's (where two tiny models cost about the same per
+    forward, drafting pays or not by the machine's load): a step over t tokens costs SEED.c_step[t - 1], a draft
+    position over b rows SEED.c_draft[b - 1], so that drafting pays while the draft agrees."""
+    from disco.governor import Governor
+    from disco.online_costs import OnlineCosts
+
+    step, position, observe = OnlineCosts.observe_step, OnlineCosts.observe_draft, Governor.observe
+
+    def seconds(drafted) -> float:
+        d = np.asarray(drafted)
+        return SEED.c_step[int((d + 1).sum()) - 1] + int(d.max(initial=0)) * SEED.c_draft[len(d) - 1]
+
+    monkeypatch.setattr(OnlineCosts, "observe_step", lambda self, t, s: step(self, t, SEED.c_step[t - 1]))
+    monkeypatch.setattr(OnlineCosts, "observe_draft", lambda self, b, s: position(self, b, SEED.c_draft[b - 1]))
+    monkeypatch.setattr(Governor, "observe", lambda self, d, a, s, spell=True: observe(self, d, a, seconds(d), spell))
+
+
+def test_a_shift_in_acceptance_moves_the_windows(pair, ids, spec, monkeypatch):
+    """A draft that agrees with the target (perturbed by 3 %) until step SHIFT, then hands vLLM other tokens (its
+    probabilities unchanged: a confidence that no longer means anything) under a policy that always drafts K_MAX
+    (the governor may prefer a shorter fixed length before the shift, where every step drafts): within 9/8
+    GOVERNOR_WINDOW steps of the shift plus one judgement the windows are at most one token (but for a trial of the
+    policy), the governor believes no window of two pays, and the outputs stay the target's."""
+    from disco.vllm import draft
+
+    _synthetic_clock(monkeypatch)
+    proposer = pair.target_engine.proposer(spec)
+    proposer.set_policy(PolicySpec("constant", k=K_MAX), closed_loop=True)
+    real, seen = draft._Step.windows, []
+
+    def windows(step):
+        real(step)
+        for st in step.states:
+            if len(seen) >= SHIFT:
+                st.window = [(t + 1) % 384 for t in st.window]  # (the tiny vLLM model's vocabulary)
+        seen.append(sum(len(st.window) for st in step.states))
+        return [st.window for st in step.states]
+
+    monkeypatch.setattr(draft._Step, "windows", windows)
+    bound = SHIFT + GOVERNOR_WINDOW * 9 // 8 + GOVERNOR_WINDOW // 8
+    outs = _stream(pair, spec, ids, bound + 2 * GOVERNOR_WINDOW, seen)
+    assert all(seen[SHIFT - GOVERNOR_WINDOW : SHIFT]), seen[:SHIFT]  # before: every step drafts (the policy, or k)
+    # after: drafting nothing (k = 0, or k = 1 while its estimate decays), but for one trial of the policy at most
+    # (GOVERNOR_WINDOW steps; the next comes a hold of GOVERNOR_HOLD steps or more later)
+    assert sum(w <= 1 for w in seen[bound : bound + 2 * GOVERNOR_WINDOW]) >= GOVERNOR_WINDOW, seen
+    est = proposer.loop.governor.estimates
+    assert est is not None and max(est[2:]) < 1.0, est  # windows of two or more: believed to lose
+    monkeypatch.undo()
+    assert outs == [_generate(pair, SpecConfig(), [ids[n % len(ids)]], 40)[0][0] for n in range(len(outs))]
+
+
+def test_memory_is_flat_over_a_long_stream(pair, ids, spec):
+    """Twelve requests one after another, then twelve more: the proposer keeps no state per finished request (its
+    requests, table rows, stale set), and the closed loop's arrays keep their sizes."""
+    proposer = pair.target_engine.proposer(spec)
+    proposer.set_policy(PolicySpec("threshold", threshold=0.0), SEED, closed_loop=True)
+    sizes = []
+    for _ in range(2):
+        for n in range(12):
+            _generate(pair, spec, [ids[n % len(ids)]], 24)
+        loop = proposer.loop
+        arrays = (loop.costs.steps.ring, loop.costs.drafts.ring, loop.governor.judged, loop.governor.spell.tokens)
+        sizes.append(
+            (len(proposer.requests), len(proposer._tables.slots), len(proposer._stale), *(a.shape for a in arrays))
+        )
+    assert sizes[0] == sizes[1] and sizes[1][0] <= 1 and sizes[1][1] <= 1, sizes
