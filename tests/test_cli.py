@@ -126,7 +126,8 @@ def test_installed_command_exits_2_without_traceback():
     assert proc.returncode == 2
     assert (
         proc.stderr.strip()
-        == "error: unknown policy 'nope': choose one of target, constant, heuristic, threshold, adaedl, svip, oracle, classifier"
+        == "error: unknown policy 'nope': choose one of target, constant, heuristic, threshold, adaedl, svip, oracle, "
+        "classifier, adaptive-verification, learned-budget"
     )
 
 
