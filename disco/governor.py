@@ -271,6 +271,5 @@ class Governor:
         self.say(
             f"drafting does not pay in this process: at {load:.1f} requests a step, the best fixed draft length "
             f"(k={k}) reaches {drafting[k - 1]:.2f}x target-only's tokens/s and disco's policy {policy:.2f}x; "
-            "the governor drafts nothing and tries the policy again now and then (serving without "
-            "--speculative-config would be faster still)"
+            "the governor drafts nothing and tries the policy again now and then"
         )

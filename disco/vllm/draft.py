@@ -60,6 +60,10 @@ class _AllStopped(Exception):
 _CLASS: list[type] = []  # DiscoDraftProposer, once defined
 
 
+# what the governor's "drafting does not pay" adds under vLLM (its speculative path costs a little with no draft)
+_SERVE_BARE = " (serving without --speculative-config would be faster still)"
+
+
 def proposer_class() -> type:
     """DiscoDraftProposer, defined on first use (it subclasses vLLM's, which imports vLLM)."""
     if not _CLASS:
@@ -146,7 +150,8 @@ class _DiscoDraft:
             self.never_drafts = False
             self.loop = ClosedLoop(
                 load, most, self._k_most(), self.device, calibrate=isinstance(self.policy, BatchClassifier),
-                idle_position=True, say=lambda line: PROCESS.say_once("governor", f"disco: {line}"), skip_idle=True,
+                idle_position=True, say=lambda line: PROCESS.say_once("governor", f"disco: {line}{_SERVE_BARE}"),
+                skip_idle=True,
             )  # fmt: skip
             if self.loop.calibration is not None:
                 self.policy.predict = _calibrated(self.policy.predict, self)  # type: ignore[attr-defined]
