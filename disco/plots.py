@@ -158,7 +158,9 @@ def _speedup_by_task(result: dict, path: Path) -> Path | None:
     return path
 
 
-def reliability_diagram(report: dict, path: Path) -> Path:
+def reliability_diagram(
+    report: dict, path: Path, where: str = "on the validation prompts", how: str | None = None
+) -> Path:
     """`disco train`'s reliability diagram (fitting.calibration_report): for each model, the observed accept
     rate against the mean predicted P(accept) in each equal-width bin, all positions pooled, before and after
     Platt scaling (one panel each), with the diagonal of perfect calibration; marker area ~ the bin's rows."""
@@ -177,8 +179,9 @@ def reliability_diagram(report: dict, path: Path) -> Path:
         ax.set_title(f"{tag} calibration", fontsize=10)
         ax.legend(fontsize=7, loc="upper left")
     axes[0].set_ylabel("observed accept rate")
-    bins, how = report["bins"], "cross-fitted by prompt" if report["cross_fitted"] else "in-sample"
-    fig.suptitle(f"reliability on the validation prompts ({bins} equal-width bins; after: Platt, {how})", fontsize=10)
+    # where / how: the rows shown and how "after" was fitted (a held-out report's differ from disco train's)
+    how = how or ("cross-fitted by prompt" if report["cross_fitted"] else "in-sample")
+    fig.suptitle(f"reliability {where} ({report['bins']} equal-width bins; after: Platt, {how})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

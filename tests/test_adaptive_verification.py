@@ -415,3 +415,67 @@ def test_the_load_profile_extrapolated_as_vllm_extends_its_curves():
     e = extrapolated(load, 4, 2)  # 4 requests x 3 tokens
     assert e.c_step[:4] == load.c_step and e.c_step[4:] == pytest.approx([3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, 7.0])
     assert e.c_draft == pytest.approx([0.2, 0.3, 0.4, 0.5]) and e.c_t == load.c_t
+
+
+# --- held-out calibration (bench/vllm/adaptive/heldout.py) --------------------------------------------------
+
+
+def test_heldout_calibration_fits_on_validation_traces_and_reports_the_test_ones(tmp_path):
+    """The held-out script end to end on tiny traces: figures on the test rows only, every fit (the online
+    logistic, each Platt scaling) on the validation rows; traces sharing prompts refused in one line."""
+    import importlib.util
+    from pathlib import Path
+
+    from disco.artifact import load_artifact
+    from disco.fitting import online_logistic, online_proba, platt
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "vllm" / "adaptive" / "heldout.py"
+    spec = importlib.util.spec_from_file_location("heldout", script)
+    heldout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(heldout)
+    model = tmp_path / "m"
+    train(
+        TrainConfig(
+            [write_traces(tmp_path / "tr", random_traces(24, 40, seed=5))],
+            model,
+            model="logistic",
+            max_window=4,
+            progress=False,
+        )
+    )
+    frames = {name: random_traces(12, 40, seed=seed) for name, seed in (("val", 6), ("test", 7))}
+    for name, df in frames.items():
+        df["prompt_id"] = name + df["prompt_id"]
+        write_traces(tmp_path / name, df)
+    args = ["report", "--val", str(tmp_path / "val"), "--test", str(tmp_path / "test"), "--classifier", str(model)]
+    r = heldout.main([*args, "--prompts", "all", "--out", str(tmp_path / "out")])
+
+    def rows(df):  # drafted rows at window positions 1..4
+        keep = df["oracle_drafted"].to_numpy(bool) & (df["window_pos"].to_numpy() <= 4)
+        return df[list(FEATURES)].to_numpy(float)[keep], df["label"].to_numpy(int)[keep]
+
+    (Xv, yv), (Xt, yt) = rows(frames["val"]), rows(frames["test"])
+    assert r["positions"] == [1, 2, 3, 4, "all"] and r["rows"]["test"] == {"prompts": 12, "rows": len(yt)}
+    m = load_artifact(model).model
+    online = online_logistic(Xv, yv, 4)
+    for name, p_val, p_test in (
+        (heldout.DISCO, m.predict_proba(Xv), m.predict_proba(Xt)),
+        (heldout.ONLINE, online_proba(online, Xv), online_proba(online, Xt)),
+    ):
+        figs = r["models"][name]
+        assert figs["before"]["all"] == pytest.approx(calibration_figures(yt, p_test))
+        assert figs["after"]["all"] == pytest.approx(calibration_figures(yt, platt(p_val, yv)(p_test)))
+        third = Xt[:, FEATURES.index("window_pos")] == 3
+        assert figs["before"][3] == pytest.approx(calibration_figures(yt[third], p_test[third]))
+    # the online logistic cannot read the copy flag random_traces' acceptance depends on: disco's model can
+    goals = r["goals"]
+    assert goals["auroc"]["met"] and goals["auroc"]["disco"] >= goals["auroc"]["online"] + 0.02
+    assert goals["ece_after"]["met"] == (r["models"][heldout.DISCO]["after"]["all"]["ece"] <= 0.02)
+    md = (tmp_path / "out" / "heldout.md").read_text()
+    assert "| vLLM online estimator | all |" in md and "goal ECE after calibration" in md
+    assert json.loads((tmp_path / "out" / "heldout.json").read_text())["goals"] == goals
+    assert (tmp_path / "out" / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="share prompts"):
+        heldout.main([*args[:4], str(tmp_path / "val"), *args[5:], "--prompts", "all"])
+    with pytest.raises(SystemExit, match="no drafted rows of held-out test prompts"):
+        heldout.main(args)  # --prompts test: these tiny prompts are not the shipped test set
