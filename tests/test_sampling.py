@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import ProbModel, make_prompts, synthetic_trace
 from scipy.stats import chisquare
-from test_collect import make_prompts, pair32  # noqa: F401 -- the fixture
-from test_simulate import ProbModel, V, _stub_pair
-from tiny import VOCAB, DistStubLM
+from tiny import POSITION_VOCAB as V
+from tiny import VOCAB, DistStubLM, position_stub_pair
 
 import disco.decode as decode_mod
 from disco.artifact import SamplingMismatch, load_artifact
@@ -102,7 +102,7 @@ def test_sampled_collection_is_seeded_per_prompt_and_resumes(pair32, tmp_path):
 
 
 def _sampled_stub_traces(n: int, max_new: int, max_window: int) -> tuple[list, object, object]:
-    target, draft = _stub_pair()
+    target, draft = position_stub_pair()
     pair = Pair(target, draft, None, "t", "d", torch.device("cpu"), torch.float64, frozenset())
     table = torch.zeros(V, dtype=torch.long)
     frames = [
@@ -142,8 +142,6 @@ def test_expected_counts_equal_the_mean_of_live_sampled_runs(name, kw):
 
 def test_expected_counts_by_hand():
     """Two windows of a made-up sampled trace: sum over m of prod_{i<=m} min(1, p/q)."""
-    from test_simulate import synthetic_trace
-
     df = synthetic_trace("a", [1, 0, 1, 1, 1, 1], max_window=2)
     df["accept_prob"] = [0.5, 0.4, 1.0, 0.8, 0.9, 0.7]
     stats = simulate(prompt_traces(df, expected=True), replay_policy("constant", k=2), 2).stats[0]
