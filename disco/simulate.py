@@ -546,4 +546,3 @@ def simulate_adaptive_verification(
             estimator.step(torch.tensor(accepted), counts, slots)
         active = [s for s, tr in zip(active, trs) if s.stats.new_tokens < len(tr)]
     return run
-
