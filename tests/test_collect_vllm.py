@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_cli import cli
-from test_collect import KILLED_AT_4TH_PROMPT  # a CLI run that dies at its 4th continuation, as under SIGKILL
-from test_vllm import _save, tiny_vllm_qwen
-from tiny import char_tokenizer, perturbed
+from helpers import KILLED_AT_4TH_PROMPT, cli, collect_args, free_port
+from tiny import char_tokenizer, perturbed, save_char_tiny, tiny_vllm_qwen
 from tiny_gguf import write_tiny_gguf
 
 import disco.collect as collect_mod
@@ -33,8 +30,6 @@ from disco.prompts import load_prompt_sources
 from disco.trace import HIDDEN_COLUMN, read_manifest, read_trace_rows
 from disco.train import TrainConfig, train
 from disco.vllm.engine import SpecConfig
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = DecodeConfig(max_new_tokens=16, max_window=5)
@@ -65,7 +60,7 @@ def folders(tmp_path_factory):
             for i, t in enumerate(TEXTS)
         )
     )
-    return _save(target, root / "target"), _save(draft, root / "draft"), prompts
+    return save_char_tiny(target, root / "target"), save_char_tiny(draft, root / "draft"), prompts
 
 
 @pytest.fixture(scope="module")
@@ -90,30 +85,10 @@ def reference(vpair, prompts, tmp_path_factory):
     return out
 
 
-def collect_args(folders, out, *more):
-    target, draft, prompts = folders
-    return [
-        "collect",
-        "--engine",
-        "vllm",
-        "--dtype",
-        "float32",
-        "--target",
-        target,
-        "--draft",
-        draft,
-        "--prompts",
-        prompts,
-        "--out",
-        out,
-        "--max-new-tokens",
-        CONFIG.max_new_tokens,
-        "--max-window",
-        CONFIG.max_window,
-        "--max-batch",
-        4,
-        *more,
-    ]
+def vllm_collect_args(folders, out, *more) -> list:
+    """`disco collect --engine vllm` of the pair on its prompts into `out`, at CONFIG's settings, 4 at once."""
+    settings = {"max_new_tokens": CONFIG.max_new_tokens, "max_window": CONFIG.max_window, "max_batch": 4}
+    return collect_args(*folders, out, *more, engine="vllm", dtype="float32", **settings)
 
 
 # --- the rows ---------------------------------------------------------------------------------------
@@ -176,7 +151,7 @@ def test_interrupted_run_resumes_to_the_same_rows(vpair, prompts, reference, tmp
 def test_killed_cli_run_resumes_to_the_same_rows(folders, vpair, prompts, reference, tmp_path):
     out = tmp_path / "killed"
     proc = subprocess.run(
-        [sys.executable, "-c", KILLED_AT_4TH_PROMPT, *map(str, collect_args(folders, out, "--shard-prompts", 2))],
+        [sys.executable, "-c", KILLED_AT_4TH_PROMPT, *map(str, vllm_collect_args(folders, out, "--shard-prompts", 2))],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -189,20 +164,14 @@ def test_killed_cli_run_resumes_to_the_same_rows(folders, vpair, prompts, refere
     pd.testing.assert_frame_equal(read_trace_rows(out), read_trace_rows(reference))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ranks_write_disjoint_shards_that_make_one_run(folders, reference, tmp_path):
     """RANK / WORLD_SIZE as torchrun sets them: each rank its own vLLM instance over prompts i % 2 == rank."""
     out = tmp_path / "ranks"
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     env["OMP_NUM_THREADS"] = "1"
     procs = [
         subprocess.Popen(
-            [sys.executable, "cli.py", *map(str, collect_args(folders, out))],
+            [sys.executable, "cli.py", *map(str, vllm_collect_args(folders, out))],
             cwd=ROOT,
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
             stdout=subprocess.PIPE,
@@ -260,15 +229,15 @@ def _one_line_and_nothing_written(code, err, out: Path, wanted: str) -> None:
 
 def test_a_gguf_target_is_refused(folders, tmp_path, capsys):
     gguf = write_tiny_gguf(tiny_vllm_qwen(), char_tokenizer(), tmp_path / "target.gguf")
-    args = collect_args(folders, tmp_path / "o")
+    args = vllm_collect_args(folders, tmp_path / "o")
     args[args.index("--target") + 1] = gguf
     code, _, err = cli(capsys, *args)
     _one_line_and_nothing_written(code, err, tmp_path / "o", "loads the target from a transformers folder")
 
 
 def test_a_draft_with_another_vocabulary_is_refused(folders, tmp_path, capsys):
-    other = _save(tiny_vllm_qwen(vocab=2048), tmp_path / "other")
-    args = collect_args(folders, tmp_path / "o")
+    other = save_char_tiny(tiny_vllm_qwen(vocab=2048), tmp_path / "other")
+    args = vllm_collect_args(folders, tmp_path / "o")
     args[args.index("--draft") + 1] = other
     code, _, err = cli(capsys, *args)
     _one_line_and_nothing_written(code, err, tmp_path / "o", "vocabulary")
@@ -276,12 +245,12 @@ def test_a_draft_with_another_vocabulary_is_refused(folders, tmp_path, capsys):
 
 def test_without_vllm_installed(folders, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
-    code, _, err = cli(capsys, *collect_args(folders, tmp_path / "o"))
+    code, _, err = cli(capsys, *vllm_collect_args(folders, tmp_path / "o"))
     _one_line_and_nothing_written(code, err, tmp_path / "o", "needs vLLM, which is not installed")
 
 
 def test_max_batch_on_an_engine_that_does_not_batch(folders, tmp_path, capsys):
-    args = collect_args(folders, tmp_path / "o")
+    args = vllm_collect_args(folders, tmp_path / "o")
     args[args.index("vllm")] = "torch"
     code, _, err = cli(capsys, *args)
     assert code == 2 and "--max-batch 4 applies to the vllm engine only" in err, err

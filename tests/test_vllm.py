@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from tiny import EOS, char_tokenizer, perturbed
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from helpers import free_port, stop_server, wait_ready
+from tiny import EOS, char_tokenizer, perturbed, save_char_tiny, tiny_vllm_qwen
 
 from disco.classifier import ClassifierPolicy
 from disco.compare import run_compare
@@ -35,36 +33,7 @@ from disco.vllm.process import PROCESS, Shared
 from disco.vllm.settings import ENV
 from disco.vllm.stages import VllmRunner
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
 PROMPTS = ["def add(a, b):\n    return", "Hello, world! The quick brown fox", "x = [1, 2, 3]", "ab", "zz top 12"]
-
-
-def tiny_vllm_qwen(seed: int = 0, vocab: int = 384) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,  # head size 64
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        eos_token_id=EOS,
-        pad_token_id=0,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    model = Qwen2ForCausalLM(cfg).float().eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)  # far from ties: greedy choices are stable in float32
-    return model
-
-
-def _save(model, folder: Path) -> Path:
-    model.save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +41,7 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     target = tiny_vllm_qwen()
     draft = perturbed(target, 0.03)  # agrees with the target most of the time
-    return _save(target, root / "target"), _save(draft, root / "draft")
+    return save_char_tiny(target, root / "target"), save_char_tiny(draft, root / "draft")
 
 
 @pytest.fixture(scope="module")
@@ -548,7 +517,7 @@ def test_serving_compare_asks_second_turns_after_vllms_own_answers(pair, tmp_pat
 
 def test_draft_with_another_vocabulary(folders, tmp_path):
     target, _ = folders
-    other = _save(tiny_vllm_qwen(vocab=2048), tmp_path / "other")
+    other = save_char_tiny(tiny_vllm_qwen(vocab=2048), tmp_path / "other")
     with pytest.raises(DiscoError, match="vocabulary"):
         load_pair(PairOptions(target=str(target), draft=str(other), engine="vllm", dtype="float32"))
 
@@ -627,12 +596,6 @@ def test_the_draft_gets_no_more_threads_than_the_worker_has_cores(folders, tmp_p
 # --- vllm serve with disco's proposer --------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(folders, settings: dict, port: int, tmp_path: Path) -> subprocess.Popen:
     target, _ = folders
     settings_file = tmp_path / "disco-vllm.json"
@@ -648,31 +611,6 @@ def _serve(folders, settings: dict, port: int, tmp_path: Path) -> subprocess.Pop
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
 
 
-def _wait_ready(proc: subprocess.Popen, port: int, timeout: float = 240) -> bool:
-    import urllib.request
-
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            time.sleep(1)
-    return False
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
 def test_vllm_serve_with_disco_policy(folders, pair, ids, tmp_path):
     """`vllm serve` with disco's proposer: concurrent greedy requests through the openai client equal
     vLLM's target-only output."""
@@ -680,10 +618,10 @@ def test_vllm_serve_with_disco_policy(folders, pair, ids, tmp_path):
 
     target, draft = folders
     settings = {"policy": {"name": "threshold", "threshold": 0.4}, "pair": {"target": str(target), "draft": str(draft)}}
-    port = _free_port()
+    port = free_port()
     proc = _serve(folders, settings, port, tmp_path)
     try:
-        assert _wait_ready(proc, port), (tmp_path / "server.log").read_text()[-3000:]
+        assert wait_ready(proc, port), (tmp_path / "server.log").read_text()[-3000:]
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=60, max_retries=0)
 
         def ask(prompt_ids):
@@ -696,7 +634,7 @@ def test_vllm_serve_with_disco_policy(folders, pair, ids, tmp_path):
         with ThreadPoolExecutor(len(ids)) as pool:
             got = list(pool.map(ask, ids))
     finally:
-        _stop(proc)
+        stop_server(proc)
     assert proc.poll() is not None
     want, _ = pair.target_engine.generate_batch(SpecConfig(), ids, 24, pair.eos_token_ids, len(ids))
     assert got == [pair.tokenizer.decode(w, skip_special_tokens=True) for w in want]
@@ -708,14 +646,14 @@ def test_vllm_serve_with_a_missing_artifact_stops_in_one_line(folders, tmp_path)
         "policy": {"name": "classifier", "classifier": str(tmp_path / "nothing")},
         "pair": {"target": str(target), "draft": str(draft)},
     }
-    port = _free_port()
+    port = free_port()
     proc = _serve(folders, settings, port, tmp_path)
     try:
-        assert not _wait_ready(proc, port, timeout=180)
+        assert not wait_ready(proc, port, timeout=180)
         proc.wait(60)
     finally:
         if proc.poll() is None:
-            _stop(proc)
+            stop_server(proc)
     assert proc.returncode != 0
     log = (tmp_path / "server.log").read_text()
     said = f"disco: the proposer's classifier {tmp_path / 'nothing'} is not an artifact (no manifest.json): check"

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_vllm_draft import (  # noqa: F401 -- pytest fixtures
+from vllm_pair import (  # noqa: F401 -- pytest fixtures
     K_MAX,
-    _budgets,
-    _generate,
-    _logistic_artifact,
     folders,
     ids,
+    logistic_artifact,
     pair,
     reference,
     spec,
+    vllm_budgets,
+    vllm_generate,
 )
 
 from disco.cost import CostModel
@@ -35,7 +35,7 @@ LOAD = CostModel(0.002, tuple(0.01 + 0.0004 * t for t in range(1, K_MAX + 2)), "
 def _policy(name: str, pair, tmp_path) -> PolicySpec:
     if name == "adaptive-verification":
         return PolicySpec(name, k=K)
-    return PolicySpec(name, k=K, classifier=str(_logistic_artifact(tmp_path / "clf", pair, "token", 0.5)))
+    return PolicySpec(name, k=K, classifier=str(logistic_artifact(tmp_path / "clf", pair, "token", 0.5)))
 
 
 @pytest.mark.parametrize("name", ["adaptive-verification", "learned-budget"])
@@ -44,8 +44,8 @@ def test_lossless_at_one_request_and_four(pair, ids, spec, reference, name, tmp_
     are the budget's (at most what was drafted, fewer somewhere), and each request's counts add up."""
     proposer = pair.target_engine.proposer(spec)
     proposer.set_policy(_policy(name, pair, tmp_path), LOAD)
-    alone = [_generate(pair, spec, [p], 8 + 8 * n) for n, p in enumerate(ids[:4])]
-    together, rids = _budgets(pair, spec, ids[:4])
+    alone = [vllm_generate(pair, spec, [p], 8 + 8 * n) for n, p in enumerate(ids[:4])]
+    together, rids = vllm_budgets(pair, spec, ids[:4])
     assert [out[0][0] for out in alone] == reference[:4]
     assert together == reference[:4]
     verified = proposed = 0
@@ -109,7 +109,7 @@ def test_the_windows_are_the_budget_computed_by_hand(pair, ids, spec, reference)
 
     proposer._begin = spy
     try:
-        outs, _ = _budgets(pair, spec, ids[:3])
+        outs, _ = vllm_budgets(pair, spec, ids[:3])
     finally:
         del proposer._begin
     assert outs == reference[:3]
@@ -135,7 +135,7 @@ def test_compare_rows_on_vllms_draft(pair, tmp_path, capsys):
     from disco.compare import ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL, default_entries
     from disco.vllm.stages import serving_rows
 
-    clf = str(_logistic_artifact(tmp_path / "clf", pair))
+    clf = str(logistic_artifact(tmp_path / "clf", pair))
     entries = [e for e in default_entries(clf, pair=pair) if e.spec is not None and e.spec.kind.batch_budget]
     assert [e.label for e in entries] == [ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL]
     settings = {"fixed_k": [], "proposers": ("draft", "side")}

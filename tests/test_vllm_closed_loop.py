@@ -9,17 +9,17 @@ import dataclasses
 
 import numpy as np
 import pytest
-from test_vllm import _save, tiny_vllm_qwen
-from test_vllm_draft import (  # noqa: F401 -- pytest fixtures
+from tiny import save_char_tiny, tiny_vllm_qwen
+from vllm_pair import (  # noqa: F401 -- pytest fixtures
     K_MAX,
-    _budgets,
-    _generate,
-    _logistic_artifact,
     folders,
     ids,
+    logistic_artifact,
     pair,
     reference,
     spec,
+    vllm_budgets,
+    vllm_generate,
 )
 
 from disco.cost import CostModel
@@ -52,12 +52,12 @@ def _scaled(cost: CostModel, by: float) -> CostModel:
 def test_lossless_with_the_closed_loop_at_one_request_and_five(pair, ids, spec, reference, rule, tmp_path):
     policy = PolicySpec("threshold", threshold=0.4)
     if rule != "threshold":
-        policy = PolicySpec("classifier", classifier=str(_logistic_artifact(tmp_path / "clf", pair, "cost", 1.0)))
+        policy = PolicySpec("classifier", classifier=str(logistic_artifact(tmp_path / "clf", pair, "cost", 1.0)))
     proposer = pair.target_engine.proposer(spec)
     proposer.set_policy(policy, SEED, closed_loop=True)
     assert proposer.loop is not None and (proposer.loop.calibration is not None) == (rule != "threshold")
-    alone = [_generate(pair, spec, [p], 8 + 8 * n)[0][0] for n, p in enumerate(ids)]
-    together, _ = _budgets(pair, spec, ids)  # all five at once, each with its own budget
+    alone = [vllm_generate(pair, spec, [p], 8 + 8 * n)[0][0] for n, p in enumerate(ids)]
+    together, _ = vllm_budgets(pair, spec, ids)  # all five at once, each with its own budget
     assert alone == reference and together == reference
     assert proposer.loop.costs.steps.observed > 0 and proposer.loop.governor.steps > 0
 
@@ -70,7 +70,7 @@ def test_a_wrong_seed_is_corrected_by_the_costs_measured_here(pair, ids, spec):
     for by in (3.0, 1 / 3):
         proposer.set_policy(PolicySpec("constant", k=3), _scaled(SEED, by), closed_loop=True)
         for _ in range(2):
-            _budgets(pair, spec, ids)
+            vllm_budgets(pair, spec, ids)
         loop = proposer.loop
         assert loop.costs.warm  # both kinds observed past the warm-up (ONLINE_COST_WARMUP)
         tables[by] = loop.cost_model()
@@ -83,7 +83,7 @@ def test_a_wrong_seed_is_corrected_by_the_costs_measured_here(pair, ids, spec):
 @pytest.fixture(scope="module")
 def losing(folders, tmp_path_factory):
     """The target beside a draft that knows nothing of it (another random model): drafting never pays."""
-    draft = _save(tiny_vllm_qwen(seed=7), tmp_path_factory.mktemp("losing") / "draft")
+    draft = save_char_tiny(tiny_vllm_qwen(seed=7), tmp_path_factory.mktemp("losing") / "draft")
     p = load_pair(PairOptions(target=str(folders[0]), draft=str(draft), engine="vllm", dtype="float32"))
     yield p, SpecConfig(DISCO_DRAFT, K_MAX, str(draft))
     p.target_engine.close()
@@ -96,11 +96,11 @@ def test_the_governor_falls_back_where_drafting_loses(losing, ids, reference):
     p, spec = losing
     proposer = p.target_engine.proposer(spec)
     proposer.set_policy(PolicySpec("constant", k=K_MAX), closed_loop=True)
-    outs = [_generate(p, spec, [prompt], 96)[0][0] for prompt in ids[:2]]
+    outs = [vllm_generate(p, spec, [prompt], 96)[0][0] for prompt in ids[:2]]
     gov = proposer.loop.governor
     # off (k = 0) for a hold of GOVERNOR_HOLD steps at least: the draft's pass skipped (after it, the policy's trial)
     assert proposer.n_skipped >= GOVERNOR_HOLD, (proposer.n_skipped, gov.mode, gov.estimates, gov.policy_speedup)
-    want = [_generate(p, SpecConfig(), [prompt], 96)[0][0] for prompt in ids[:2]]
+    want = [vllm_generate(p, SpecConfig(), [prompt], 96)[0][0] for prompt in ids[:2]]
     assert outs == want
 
 
@@ -118,7 +118,7 @@ def _stream(pair, spec, ids, steps: int, seen: list) -> list[list[int]]:
     """Requests one after another (the prompts in turn, 40 tokens each) until `seen` holds `steps` steps."""
     outs = []
     while len(seen) < steps:
-        outs.append(_generate(pair, spec, [ids[len(outs) % len(ids)]], 40)[0][0])
+        outs.append(vllm_generate(pair, spec, [ids[len(outs) % len(ids)]], 40)[0][0])
     return outs
 
 
@@ -174,7 +174,7 @@ def test_a_shift_in_acceptance_moves_the_windows(pair, ids, spec, monkeypatch):
     est = proposer.loop.governor.estimates
     assert est is not None and max(est[2:]) < 1.0, est  # windows of two or more: believed to lose
     monkeypatch.undo()
-    assert outs == [_generate(pair, SpecConfig(), [ids[n % len(ids)]], 40)[0][0] for n in range(len(outs))]
+    assert outs == [vllm_generate(pair, SpecConfig(), [ids[n % len(ids)]], 40)[0][0] for n in range(len(outs))]
 
 
 def test_memory_is_flat_over_a_long_stream(pair, ids, spec):
@@ -185,7 +185,7 @@ def test_memory_is_flat_over_a_long_stream(pair, ids, spec):
     sizes = []
     for _ in range(2):
         for n in range(12):
-            _generate(pair, spec, [ids[n % len(ids)]], 24)
+            vllm_generate(pair, spec, [ids[n % len(ids)]], 24)
         loop = proposer.loop
         arrays = (loop.costs.steps.ring, loop.costs.drafts.ring, loop.governor.judged, loop.governor.spell.tokens)
         sizes.append(

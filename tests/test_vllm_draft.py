@@ -15,93 +15,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_vllm import _free_port, _save, _stop, _wait_ready, tiny_vllm_qwen
-from tiny import EOS, perturbed
+from helpers import free_port, stop_server, wait_ready
+from tiny import EOS
+from vllm_pair import (  # noqa: F401 -- pytest fixtures
+    K_MAX,
+    folders,
+    ids,
+    logistic_artifact,
+    pair,
+    reference,
+    spec,
+    vllm_budgets,
+    vllm_generate,
+)
 
-from disco.artifact import DenseModel, save_artifact
+from disco.artifact import DenseModel
 from disco.batch_policy import Batch, BatchClassifier, RequestState
 from disco.classifier import ClassifierPolicy
 from disco.cost import CostModel
 from disco.errors import DiscoError
 from disco.features import FEATURES, TOKEN_FEATURES
-from disco.options import PairOptions
-from disco.pair import load_pair
 from disco.policy_registry import PolicySpec
 from disco.vllm import config as vllm_config_checks
 from disco.vllm import settings as vllm_settings
-from disco.vllm.engine import DISCO_DRAFT, SpecConfig
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-PROMPTS = ["def add(a, b):\n    return", "Hello, world! The quick brown fox", "x = [1, 2, 3]", "ab", "zz top 12"]
-K_MAX = 6
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm-draft")
-    target = tiny_vllm_qwen()
-    return _save(target, root / "target"), _save(perturbed(target, 0.03), root / "draft")
-
-
-@pytest.fixture(scope="module")
-def pair(folders):
-    target, draft = folders
-    p = load_pair(PairOptions(target=str(target), draft=str(draft), engine="vllm", dtype="float32"))
-    yield p
-    p.target_engine.close()
-
-
-@pytest.fixture(scope="module")
-def ids(pair):
-    return [pair.encode(p, False) for p in PROMPTS]
-
-
-@pytest.fixture(scope="module")
-def spec(folders):
-    return SpecConfig(DISCO_DRAFT, K_MAX, str(folders[1]))
-
-
-@pytest.fixture(scope="module")
-def reference(pair, ids):
-    """vLLM target-only's greedy outputs, budgets 8..40 tokens: requests finish at different steps."""
-    return [_generate(pair, SpecConfig(), [i], 8 + 8 * n)[0][0] for n, i in enumerate(ids)]
-
-
-def _generate(pair, spec, prompts, max_tokens, temperature=0.0, seeds=None):
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    llm = pair.target_engine.llm(spec)
-    params = [
-        SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=[EOS], seed=s)
-        for s in (seeds or [None] * len(prompts))
-    ]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs], [o.request_id for o in outs]
-
-
-def _budgets(pair, spec, ids):
-    """All prompts submitted together, each with its own budget (8..40 tokens)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    llm = pair.target_engine.llm(spec)
-    params = [SamplingParams(temperature=0.0, max_tokens=8 + 8 * n, stop_token_ids=[EOS]) for n in range(len(ids))]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs], [o.request_id for o in outs]
-
-
-def _logistic_artifact(folder: Path, pair, rule: str = "token", setting: float = 0.5) -> Path:
-    """A hand-made logistic model over p_top1 and window_pos (P(accept) rises with the draft's confidence,
-    falls along the window), saved as a real artifact for this pair."""
-    cols = [FEATURES.index("p_top1"), FEATURES.index("window_pos")]
-    model = DenseModel(
-        "logistic", np.zeros(2), np.ones(2), [(np.array([[6.0], [-0.4]]), np.array([-2.0]))], "identity", cols
-    )
-    cost = CostModel(0.2, tuple(1.0 + 0.05 * k for k in range(K_MAX + 1)), "stub")
-    manifest = {"setting": setting, "rule": rule, "pair": pair.describe(), "cost_model": cost.to_dict()}
-    return save_artifact(folder, model, manifest)
+from disco.vllm.engine import SpecConfig
 
 
 def _consistent(stats, out: list[int]) -> None:
@@ -122,10 +59,10 @@ def test_lossless_with_requests_of_different_lengths(pair, ids, spec, reference,
     gives vLLM target-only's output, and each request's counts add up to its own output."""
     if isinstance(policy, str):
         rule = policy.split("-")[1]
-        policy = PolicySpec("classifier", classifier=str(_logistic_artifact(tmp_path / "clf", pair, rule, 0.5)))
+        policy = PolicySpec("classifier", classifier=str(logistic_artifact(tmp_path / "clf", pair, rule, 0.5)))
     proposer = pair.target_engine.proposer(spec)
     proposer.set_policy(policy)
-    outs, rids = _budgets(pair, spec, ids)
+    outs, rids = vllm_budgets(pair, spec, ids)
     assert outs == reference
     drafted = 0
     for out, rid, prompt in zip(outs, rids, ids):
@@ -164,7 +101,7 @@ def test_each_request_gets_its_own_window(pair, ids, spec, reference):
     length (the batch drafts to the longest, the others masked), and vLLM verifies exactly that many."""
     proposer = pair.target_engine.proposer(spec)
     proposer.set_policy(PolicySpec("target"))
-    first = int(_generate(pair, spec, [ids[0]], 1)[1][0]) + 1
+    first = int(vllm_generate(pair, spec, [ids[0]], 1)[1][0]) + 1
     want = {str(first + n): n + 1 for n in range(len(ids))}  # vLLM numbers requests in submission order
     proposer.policy = _StopAt(want)
     seen: list[dict[str, int]] = []
@@ -184,7 +121,7 @@ def test_each_request_gets_its_own_window(pair, ids, spec, reference):
 
     proposer._begin = spy
     try:
-        outs, rids = _budgets(pair, spec, ids)
+        outs, rids = vllm_budgets(pair, spec, ids)
     finally:
         del proposer._begin
     assert outs == reference
@@ -211,14 +148,14 @@ def test_a_policy_that_never_drafts_is_target_only(pair, ids, spec, reference, t
     proposer = pair.target_engine.proposer(spec)
     calls = _draft_forwards(proposer)
     compute_bound = CostModel(0.75, (1.0, 1.8), "stub", tuple(0.9 * t for t in range(1, 80)), (0.75, 1.3, 1.9, 2.5))
-    artifact = _logistic_artifact(tmp_path / "clf", pair, "cost", 1.0)
+    artifact = logistic_artifact(tmp_path / "clf", pair, "cost", 1.0)
     for policy, load in (
         (PolicySpec("target"), None),
         (PolicySpec("classifier", classifier=str(artifact)), compute_bound),
     ):
         proposer.set_policy(policy, load)
         assert proposer.never_drafts
-        outs, rids = _budgets(pair, spec, ids)
+        outs, rids = vllm_budgets(pair, spec, ids)
         assert outs == reference
         for out, rid, prompt in zip(outs, rids, ids):
             stats = proposer.stats_for(prompt, rid)
@@ -227,7 +164,7 @@ def test_a_policy_that_never_drafts_is_target_only(pair, ids, spec, reference, t
         assert calls[0] == 0
     proposer.set_policy(PolicySpec("threshold", threshold=0.4))
     assert not proposer.never_drafts
-    _budgets(pair, spec, ids)
+    vllm_budgets(pair, spec, ids)
     assert calls[0] > 0
 
 
@@ -237,12 +174,12 @@ def test_same_prompt_sampled_and_a_second_turn_keep_their_own_state(pair, ids, s
     proposer = pair.target_engine.proposer(spec)
     proposer.set_policy(PolicySpec("threshold", threshold=0.4))
     prompt = ids[1]
-    outs, rids = _generate(pair, spec, [prompt] * 4, 30, temperature=0.8, seeds=[1, 2, 3, 4])
+    outs, rids = vllm_generate(pair, spec, [prompt] * 4, 30, temperature=0.8, seeds=[1, 2, 3, 4])
     assert len(set(map(tuple, outs))) > 1  # they did sample differently
     for out, rid in zip(outs, rids):
         _consistent(proposer.stats_for(prompt, rid), out)
     turn2 = prompt + outs[0] + ids[2]
-    (out2,), (rid2,) = _generate(pair, spec, [turn2], 20)
+    (out2,), (rid2,) = vllm_generate(pair, spec, [turn2], 20)
     stats2 = proposer.stats_for(turn2, rid2)
     _consistent(stats2, out2)
     assert proposer.requests == {} or all(s.stats.target_forwards < 30 for s in proposer.requests.values())
@@ -258,7 +195,7 @@ def test_nothing_is_kept_per_finished_request(pair, ids, spec):
     try:
         sizes = []
         for group in range(50):
-            _generate(pair, spec, [ids[(group + j) % len(ids)] for j in range(10)], 4)
+            vllm_generate(pair, spec, [ids[(group + j) % len(ids)] for j in range(10)], 4)
             if group in (4, 49):
                 sizes.append((len(proposer.requests), len(proposer.finished)))
     finally:
@@ -349,7 +286,7 @@ def test_policy_without_a_batched_form(pair, spec):
 
 
 def test_artifact_for_another_pair(pair, spec, tmp_path):
-    folder = _logistic_artifact(tmp_path / "clf", pair)
+    folder = logistic_artifact(tmp_path / "clf", pair)
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["pair"]["tokenizer_hash"] = "0000000000000000"
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -399,10 +336,10 @@ def _served(folders, settings: dict, tmp_path: Path, prompts: list[list[int]], m
     (greedy), stop the server; the answers."""
     from openai import OpenAI
 
-    port = _free_port()
+    port = free_port()
     proc = _serve(folders, settings, port, tmp_path, ["--no-async-scheduling"])
     try:
-        assert _wait_ready(proc, port), (tmp_path / "server.log").read_text()[-3000:]
+        assert wait_ready(proc, port), (tmp_path / "server.log").read_text()[-3000:]
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=60, max_retries=0)
 
         def ask(prompt_ids):
@@ -415,7 +352,7 @@ def _served(folders, settings: dict, tmp_path: Path, prompts: list[list[int]], m
         with ThreadPoolExecutor(len(prompts)) as pool:
             got = list(pool.map(ask, prompts))
     finally:
-        _stop(proc)
+        stop_server(proc)
     assert proc.poll() is not None
     return got
 
@@ -445,12 +382,12 @@ def test_vllm_serve_with_a_policy_that_never_drafts(folders, pair, ids, tmp_path
 
 
 def test_vllm_serve_with_a_missing_settings_file_stops_in_one_line(folders, tmp_path):
-    port = _free_port()
+    port = free_port()
     proc = _serve(folders, None, port, tmp_path, ["--no-async-scheduling"], settings_path=tmp_path / "nothing.json")
     try:
-        assert not _wait_ready(proc, port, timeout=180)
+        assert not wait_ready(proc, port, timeout=180)
     finally:
-        _stop(proc)
+        stop_server(proc)
     lines = (tmp_path / "server.log").read_text().splitlines()
     said = [line for line in lines if line.startswith("disco: ")]
     assert len(said) == 1 and "nothing.json, which does not exist" in said[0]

@@ -13,8 +13,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
-from test_vllm import _save, tiny_vllm_qwen
-from tiny import perturbed
+from tiny import perturbed, save_char_tiny, tiny_vllm_qwen
 
 from disco.errors import DiscoError
 from disco.vllm import config, plugin
@@ -31,7 +30,7 @@ pytest.importorskip("vllm")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-gpu-config")
     target = tiny_vllm_qwen()
-    return _save(target, root / "target"), _save(perturbed(target, 0.03), root / "draft")
+    return save_char_tiny(target, root / "target"), save_char_tiny(perturbed(target, 0.03), root / "draft")
 
 
 @pytest.fixture
