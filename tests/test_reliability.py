@@ -434,7 +434,7 @@ def _edited(world, tmp_path, edit) -> Path:
     [
         lambda m: m.update(columns=m["columns"][::-1]),  # reversed: ran silently with other decisions
         lambda m: m.update(columns=m["columns"][:-1]),  # one dropped: a traceback at the first prediction
-        lambda m: m.update(threshold=0.01),
+        lambda m: m.update(setting=0.01),  # the rule's setting ("threshold" in manifests before format 3)
         lambda m: m.update(calibration={"a": 4.0, "b": 1.0}),
         lambda m: m.update(cost_model={"c_d": 0.0, "c_t": [1.0] * 22}),
     ],
