@@ -150,17 +150,24 @@ def _classifier(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
     )
 
 
-def _batched_classifier(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
+def _vllm_artifact(spec: PolicySpec, ctx: BatchContext) -> Any:
+    """The classifier artifact a batched policy on vLLM's draft decides with (checked against the pair; one that
+    reads the draft's hidden state is refused: vLLM's draft does not give it to its proposer)."""
     from disco.artifact import load_artifact
 
     if spec.classifier is None:
-        raise DiscoError("the classifier policy needs a trained artifact: name it (policy.classifier)")
+        raise DiscoError(f"the {spec.name} policy needs a trained artifact: name it (policy.classifier)")
     artifact = load_artifact(spec.classifier, expect_pair=ctx.pair, trust_pickle=spec.trust_pickle)
     if artifact.hidden_dim:
         raise DiscoError(
             f"{artifact.path} reads the draft's hidden state, which vLLM's draft does not give its proposer: "
             "train one without --hidden for vLLM"
         )
+    return artifact
+
+
+def _batched_classifier(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
+    artifact = _vllm_artifact(spec, ctx)
     rule, setting = chosen_rule(artifact, spec.classifier_setting, spec.classifier_rule)
     if rule == "threshold":
         return BatchThreshold(setting)
@@ -172,16 +179,7 @@ def _budget(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
     classifier artifact as its estimator) on vLLM's draft: every request drafts up to spec.k positions."""
     if spec.name == "adaptive-verification":
         return BatchAdaptiveVerification(spec.k, ctx.device)
-    from disco.artifact import load_artifact
-
-    if spec.classifier is None:
-        raise DiscoError("the learned-budget policy needs a trained artifact: name it (policy.classifier)")
-    artifact = load_artifact(spec.classifier, expect_pair=ctx.pair, trust_pickle=spec.trust_pickle)
-    if artifact.hidden_dim:
-        raise DiscoError(
-            f"{artifact.path} reads the draft's hidden state, which vLLM's draft does not give its proposer: "
-            "train one without --hidden for vLLM"
-        )
+    artifact = _vllm_artifact(spec, ctx)
     return BatchLearnedBudget(artifact.torch_predictor(ctx.device or "cpu"), spec.k, ctx.device)
 
 
