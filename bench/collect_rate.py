@@ -14,10 +14,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from disco.collect import round_robin  # noqa: E402
-from disco.defaults import DEFAULT_COLLECT_MAX_BATCH  # noqa: E402
-from disco.machine import this_machine  # noqa: E402
-from disco.prompts import load_prompt_sources  # noqa: E402
+from disco.base.defaults import DEFAULT_COLLECT_MAX_BATCH  # noqa: E402
+from disco.base.machine import this_machine  # noqa: E402
+from disco.formats.prompts import load_prompt_sources  # noqa: E402
+from disco.jobs.collect import round_robin  # noqa: E402
 
 TRAIN_SETS = ("code-train", "explain-train", "write-train")  # the 273 shipped train prompts
 SUMMARY = re.compile(

@@ -10,9 +10,9 @@ On llama.cpp, rows verified in fast mode ("(fast verify)") take the fast mode's 
 import json
 import sys
 
-from disco.compare import cost_model_speedups, spread
-from disco.cost import CostModel
-from disco.engines.llamacpp import FAST_SUFFIX
+from disco.core.cost import CostModel
+from disco.engines.llamacpp.llamacpp import FAST_SUFFIX
+from disco.jobs.compare import cost_model_speedups, spread
 
 
 def main(compare_json: str, profile: str, fast_profile: str | None = None) -> None:

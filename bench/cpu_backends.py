@@ -1,4 +1,4 @@
-"""Benchmark the CPU backends (disco/cpu.py) on the embedded pair: where a step's time goes.
+"""Benchmark the CPU backends (disco/engines/torch/cpu_backends.py) on the embedded pair: where a step's time goes.
 
     .venv/bin/python bench/cpu_backends.py [--backends eager,transposed,onednn,int8] [--threads N]
                                            [--json bench/cpu_backends.json]
@@ -31,16 +31,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from disco import embedded  # noqa: E402
-from disco.cpu_backends import FLOAT32_EXACT, apply_cpu_backend, linear_weight_bytes  # noqa: E402
-from disco.decode import DecodeConfig, speculative_generate, target_generate  # noqa: E402
-from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS  # noqa: E402
-from disco.engines.torch_engine import _forward  # noqa: E402
-from disco.engines.torch_engine_cache import new_cache, rewind  # noqa: E402
-from disco.hub import encode_prompt, eos_ids, load_model, load_tokenizer  # noqa: E402
-from disco.policy import ThresholdPolicy  # noqa: E402
-from disco.profile import context_ids  # noqa: E402
-from disco.prompts import DATA_DIR, load_prompts  # noqa: E402
+from disco.base.defaults import CPU_BACKEND_HELP, CPU_BACKENDS  # noqa: E402
+from disco.engines.torch.cpu_backends import FLOAT32_EXACT, apply_cpu_backend, linear_weight_bytes  # noqa: E402
+from disco.engines.torch.torch_engine import _forward  # noqa: E402
+from disco.engines.torch.torch_engine_cache import new_cache, rewind  # noqa: E402
+from disco.formats.prompts import DATA_DIR, load_prompts  # noqa: E402
+from disco.jobs.profile import context_ids  # noqa: E402
+from disco.loop.decode import DecodeConfig, speculative_generate, target_generate  # noqa: E402
+from disco.policies.policy import ThresholdPolicy  # noqa: E402
+from disco.sources import embedded  # noqa: E402
+from disco.sources.hub import encode_prompt, eos_ids, load_model, load_tokenizer  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -10,11 +10,11 @@ import time
 import torch
 from transformers import AutoTokenizer
 
-from disco.artifact import load_artifact
-from disco.classifier import ClassifierPolicy
-from disco.embedded import EMBEDDED_TARGET, prepared_path
-from disco.features import token_class_table
-from disco.policy import DraftStep, ThresholdPolicy
+from disco.core.features import token_class_table
+from disco.policies.artifact import load_artifact
+from disco.policies.classifier import ClassifierPolicy
+from disco.policies.policy import DraftStep, ThresholdPolicy
+from disco.sources.embedded import EMBEDDED_TARGET, prepared_path
 
 tok = AutoTokenizer.from_pretrained(prepared_path(EMBEDDED_TARGET))
 art = load_artifact("models/embedded-qwen2.5-coder")

@@ -26,14 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cpu_backends import bandwidth_gbs, say  # noqa: E402
 
-from disco.cpu_backends import linear_weight_bytes  # noqa: E402
-from disco.decode import DecodeConfig, target_generate  # noqa: E402
-from disco.engines.llamacpp import verify_mode  # noqa: E402
-from disco.engines.registry import as_engine  # noqa: E402
-from disco.options import PairOptions
-from disco.pair import load_pair  # noqa: E402
-from disco.profile import profile_pair  # noqa: E402
-from disco.prompts import DATA_DIR, load_prompts  # noqa: E402
+from disco.base.options import PairOptions
+from disco.engines.llamacpp.llamacpp import verify_mode  # noqa: E402
+from disco.engines.torch.cpu_backends import linear_weight_bytes  # noqa: E402
+from disco.formats.prompts import DATA_DIR, load_prompts  # noqa: E402
+from disco.jobs.profile import profile_pair  # noqa: E402
+from disco.loop.decode import DecodeConfig, target_generate  # noqa: E402
+from disco.loop.engine_registry import as_engine  # noqa: E402
+from disco.loop.pair import load_pair  # noqa: E402
 
 KS = list(range(1, 17))
 

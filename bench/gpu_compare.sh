@@ -4,7 +4,7 @@
 # captured (static, position-indexed caches; each model's step compiled per verify-width bucket with
 # CUDA graphs, compiled once before any timing: the profile's and compare.json's compile_s).
 # Assumes the project is installed (`make install`); prepares the pair itself (once, cached).
-# Timings are synchronised on CUDA (disco/decode.py, disco/compare.py); bf16 on the GPU by default.
+# Timings are synchronised on CUDA (disco/loop/decode.py, disco/jobs/compare.py); bf16 on the GPU by default.
 # Rerun: bash bench/gpu_compare.sh (the settings below are environment variables, e.g. DISCO=, OUT=).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -17,9 +17,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from disco import embedded  # noqa: E402
-from disco.engines.llamacpp import LlamaCppEngine  # noqa: E402
-from disco.hub import encode_prompt, load_tokenizer  # noqa: E402
+from disco.engines.llamacpp.llamacpp import LlamaCppEngine  # noqa: E402
+from disco.sources import embedded  # noqa: E402
+from disco.sources.hub import encode_prompt, load_tokenizer  # noqa: E402
 
 N = 96
 PROMPT = "Write a Python function that merges two sorted lists, with a docstring and tests."

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from disco.features import batch_distribution, batch_logit_distribution
+from disco.core.features import batch_distribution, batch_logit_distribution
 
 VOCAB = 151936
 FLUSH = torch.empty((64 << 20) // 4)  # 64 MB written between calls: the caches as after a draft forward

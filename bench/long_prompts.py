@@ -60,7 +60,7 @@ def prompt_text(name: str, code: str, cut: bool) -> str:
 
 def build(tokenizer) -> list[tuple[dict, int, int]]:
     """The rows, each with its token counts (chat template applied, then plain)."""
-    from disco.hub import encode_prompt
+    from disco.sources.hub import encode_prompt
 
     lib = Path(sysconfig.get_paths()["stdlib"])
     rows = []
@@ -93,7 +93,7 @@ def main() -> int:
         )
     from transformers import AutoTokenizer
 
-    from disco import embedded
+    from disco.sources import embedded
 
     folder = embedded.tokenizer_folder(embedded.EMBEDDED_TARGET, install=False)
     rows = build(AutoTokenizer.from_pretrained(folder))

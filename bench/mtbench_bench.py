@@ -35,15 +35,15 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # whole GiB (vLLM parses an int)
 
-from disco.compare import Entry, cost_model_speedups, run_compare, tuned_from_artifact  # noqa: E402
-from disco.cost import CostModel  # noqa: E402
-from disco.decode import DecodeConfig  # noqa: E402
-from disco.options import PairOptions  # noqa: E402
-from disco.pair import load_pair  # noqa: E402
-from disco.policy_registry import PolicySpec  # noqa: E402
-from disco.prompts import load_prompt_sources  # noqa: E402
-from disco.server_tuning import tuned_server  # noqa: E402
-from disco.stats import GenStats  # noqa: E402
+from disco.base.options import PairOptions  # noqa: E402
+from disco.core.cost import CostModel  # noqa: E402
+from disco.core.stats import GenStats  # noqa: E402
+from disco.formats.prompts import load_prompt_sources  # noqa: E402
+from disco.jobs.compare import Entry, cost_model_speedups, run_compare, tuned_from_artifact  # noqa: E402
+from disco.jobs.server_tuning import tuned_server  # noqa: E402
+from disco.loop.decode import DecodeConfig  # noqa: E402
+from disco.loop.pair import load_pair  # noqa: E402
+from disco.policies.policy_registry import PolicySpec  # noqa: E402
 
 SHIPPED = "models/embedded-qwen2.5-coder-llamacpp"
 LOAD_PROFILE = Path("bench/vllm/profile.json")  # disco profile --engine vllm (issue 23), committed copy
@@ -65,7 +65,7 @@ def tuned_rows(tuned: dict) -> list[Entry]:
 
 
 def llamacpp(out: Path) -> None:
-    from disco.engines.llamacpp_server import server_anchors
+    from disco.engines.llamacpp.llamacpp_server import server_anchors
 
     pair = load_pair(PairOptions(engine="llama.cpp"))
     tuned = tuned_from_artifact(SHIPPED)
@@ -188,9 +188,9 @@ def simulate_report(traces: str, artifact: str, profile: str, max_window: int) -
     the artifact's tuned settings, and the oracle's rounds per category from the traces' labels."""
     import numpy as np
 
-    from disco.artifact import load_artifact
-    from disco.simulate import replay_policy, simulate_many
-    from disco.train_data import load_trace_data, traces_for
+    from disco.policies.artifact import load_artifact
+    from disco.training.simulate import replay_policy, simulate_many
+    from disco.training.train_data import load_trace_data, traces_for
 
     cost = CostModel.load(profile)
     data = load_trace_data([traces])

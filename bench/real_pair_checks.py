@@ -21,15 +21,15 @@ from pathlib import Path
 
 import torch
 
-from disco.artifact import load_artifact
-from disco.classifier import ClassifierPolicy
-from disco.collect import trace_prompt
-from disco.decode import DecodeConfig, speculative_generate, target_generate
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.prompts import load_prompt_sources
-from disco.simulate import prompt_traces, replay_policy, simulate_many
-from disco.trace import read_traces
+from disco.base.options import PairOptions
+from disco.formats.prompts import load_prompt_sources
+from disco.formats.trace import read_traces
+from disco.jobs.collect import trace_prompt
+from disco.loop.decode import DecodeConfig, speculative_generate, target_generate
+from disco.loop.pair import load_pair
+from disco.policies.artifact import load_artifact
+from disco.policies.classifier import ClassifierPolicy
+from disco.training.simulate import prompt_traces, replay_policy, simulate_many
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """Bring classifier artifacts to the current artifact format (2: an integrity sha256 over the
-manifest fields the policy acts on, disco/artifact.py INTEGRITY_FIELDS) without retraining, then
+manifest fields the policy acts on, disco/policies/artifact.py INTEGRITY_FIELDS) without retraining, then
 load each one to check it.
 
     python bench/rehash_artifacts.py models/*/
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from disco.artifact import load_artifact, rehash_artifact
+from disco.policies.artifact import load_artifact, rehash_artifact
 
 
 def main(folders: list[str]) -> None:

@@ -9,11 +9,11 @@ Run: python bench/repack_speed.py [--prompts code-test,explain-test,write-test] 
 import argparse
 import time
 
-from disco.decode import DecodeConfig, generate, target_generate
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.policy_registry import PolicySpec
-from disco.prompts import load_prompt_sources
+from disco.base.options import PairOptions
+from disco.formats.prompts import load_prompt_sources
+from disco.loop.decode import DecodeConfig, generate, target_generate
+from disco.loop.pair import load_pair
+from disco.policies.policy_registry import PolicySpec
 
 ARTIFACT = "models/embedded-qwen2.5-coder-llamacpp"
 

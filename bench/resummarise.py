@@ -1,5 +1,5 @@
 """Recompute a compare.json's per-run and summary speedups (and its table.md) from the raw per-run
-times and token counts it holds, with the current disco.compare: for runs written before speedups
+times and token counts it holds, with the current disco.jobs.compare: for runs written before speedups
 were taken per token (under sampling, outputs differ in length, so whole-run times do not compare).
 
 Run: .venv/bin/python bench/resummarise.py RUN_DIR [RUN_DIR ...]
@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from disco.compare import TARGET_LABEL, _per_token_speedup, format_tables, summarise
-from disco.files import atomic_write_json, atomic_write_text
+from disco.base.files import atomic_write_json, atomic_write_text
+from disco.jobs.compare import TARGET_LABEL, _per_token_speedup, format_tables, summarise
 
 
 def main(*dirs: str) -> None:

@@ -1,6 +1,6 @@
 """Write the embedded pair's architectures (no weights) as a shapes file for bench/gpu_probe.py (issue 25).
 
-Reads the metadata of the two embedded GGUF files (found and verified through disco.embedded, as every
+Reads the metadata of the two embedded GGUF files (found and verified through disco.sources.embedded, as every
 other command finds them) with the `gguf` package, and writes the transformers configuration each
 model loads with, plus the raw GGUF keys it came from:
 
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from disco import embedded  # noqa: E402
+from disco.sources import embedded  # noqa: E402
 
 DEFAULT_OUT = ROOT / "configs" / "shapes" / "embedded-qwen2.5-coder.json"
 # GGUF key (after "<arch>.") -> transformers config field, as transformers' own GGUF loader maps them

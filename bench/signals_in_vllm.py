@@ -11,11 +11,11 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from disco.artifact import load_artifact
-from disco.cost import CostModel
-from disco.defaults import DEFAULT_VAL_FRACTION  # noqa: E402
-from disco.simulate import SIGNAL_COLUMNS, replay_policy, simulate_many
-from disco.train_data import load_trace_data, row_tasks, split_by_prompt, traces_for
+from disco.base.defaults import DEFAULT_VAL_FRACTION  # noqa: E402
+from disco.core.cost import CostModel
+from disco.policies.artifact import load_artifact
+from disco.training.simulate import SIGNAL_COLUMNS, replay_policy, simulate_many
+from disco.training.train_data import load_trace_data, row_tasks, split_by_prompt, traces_for
 
 MAX_WINDOW = 8  # as the vLLM rows run (the proposer's longest window)
 

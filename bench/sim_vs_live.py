@@ -16,11 +16,11 @@ import re
 import sys
 from pathlib import Path
 
-from disco.artifact import load_artifact
-from disco.compare import cost_model_speedups
-from disco.cost import CostModel
-from disco.simulate import prompt_traces, replay_policy, simulate_many
-from disco.trace import read_traces
+from disco.core.cost import CostModel
+from disco.formats.trace import read_traces
+from disco.jobs.compare import cost_model_speedups
+from disco.policies.artifact import load_artifact
+from disco.training.simulate import prompt_traces, replay_policy, simulate_many
 
 
 def factories(labels: list[str], artifacts: dict[str, object], cost: CostModel, max_window: int) -> dict:

@@ -12,10 +12,10 @@ import sys
 
 import torch
 
-from disco.engines.registry import as_engine
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.profile import _median_time, context_ids
+from disco.base.options import PairOptions
+from disco.jobs.profile import _median_time, context_ids
+from disco.loop.engine_registry import as_engine
+from disco.loop.pair import load_pair
 
 CONTEXT, WIDTHS, REPEATS = 100, (1, 2, 4, 8, 16, 21), 5
 

@@ -1,5 +1,5 @@
 """Tune llama.cpp's own speculative decoding (llama-server -md) on the classifier's validation prompts and
-write the best setting beside the artifact: disco.server_tuning (what it measures, and the file `disco
+write the best setting beside the artifact: disco.jobs.server_tuning (what it measures, and the file `disco
 compare` and `disco demo` read). Rerun:
 
     .venv/bin/python bench/tune_llama_server.py --classifier models/embedded-qwen2.5-coder-llamacpp
@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from disco.defaults import SERVER_TUNING_N_MAX, SERVER_TUNING_P_MIN  # noqa: E402
-from disco.server_tuning import TUNED_FILE, tune_server  # noqa: E402
+from disco.base.defaults import SERVER_TUNING_N_MAX, SERVER_TUNING_P_MIN  # noqa: E402
+from disco.jobs.server_tuning import TUNED_FILE, tune_server  # noqa: E402
 
 
 def main() -> None:

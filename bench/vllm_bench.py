@@ -24,13 +24,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # whole GiB (vLLM parses an int)
 
-from disco.compare import Entry, run_compare  # noqa: E402
-from disco.cost import CostModel  # noqa: E402
-from disco.decode import DecodeConfig  # noqa: E402
-from disco.options import PairOptions  # noqa: E402
-from disco.pair import load_pair  # noqa: E402
-from disco.policy_registry import PolicySpec  # noqa: E402
-from disco.prompts import load_prompt_sources  # noqa: E402
+from disco.base.options import PairOptions  # noqa: E402
+from disco.core.cost import CostModel  # noqa: E402
+from disco.formats.prompts import load_prompt_sources  # noqa: E402
+from disco.jobs.compare import Entry, run_compare  # noqa: E402
+from disco.loop.decode import DecodeConfig  # noqa: E402
+from disco.loop.pair import load_pair  # noqa: E402
+from disco.policies.policy_registry import PolicySpec  # noqa: E402
 
 ARTIFACT = "models/embedded-qwen2.5-coder-llamacpp"
 PROFILE = Path("bench/out/vllm/profile.json")
@@ -81,7 +81,7 @@ def main() -> None:
     tags = [" (tuned at c=1)", " (tuned at c=8)"] if phase == "test-own" else [""] * len(lengths)
     settings = {"fixed_k": [(k, tag) for k, tag in zip(lengths, tags)]}
     result = run_compare(pair, prompts, entries, config, out, concurrency=LEVELS, settings=settings, load=load)
-    from disco.compare import format_table
+    from disco.jobs.compare import format_table
 
     for c, r in result["concurrency"].items():
         print(f"\n{c} request(s) at a time, {len(prompts)} prompts x {tokens} tokens:\n" + format_table(r["summary"]))

@@ -12,13 +12,13 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
-from disco.artifact import load_artifact  # noqa: E402
-from disco.load_profiles import VLLM_DRAFT, LoadProfiles  # noqa: E402
-from disco.options import PairOptions  # noqa: E402
-from disco.pair import load_pair  # noqa: E402
-from disco.policy_registry import PolicySpec  # noqa: E402
-from disco.prompts import load_prompt_sources  # noqa: E402
-from disco.tree_tensors import TreeTensors  # noqa: E402
+from disco.base.options import PairOptions  # noqa: E402
+from disco.core.load_profiles import VLLM_DRAFT, LoadProfiles  # noqa: E402
+from disco.formats.prompts import load_prompt_sources  # noqa: E402
+from disco.loop.pair import load_pair  # noqa: E402
+from disco.policies.artifact import load_artifact  # noqa: E402
+from disco.policies.policy_registry import PolicySpec  # noqa: E402
+from disco.policies.tree_tensors import TreeTensors  # noqa: E402
 from disco.vllm.engine import DISCO_DRAFT, SpecConfig  # noqa: E402
 
 # the Xeon's, wherever it runs: the decision's work per position is the same, and a profile that makes the rule

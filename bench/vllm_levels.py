@@ -9,13 +9,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from pathlib import Path  # noqa: E402
 
-from disco.compare import Entry, format_table, run_compare  # noqa: E402
-from disco.cost import CostModel  # noqa: E402
-from disco.decode import DecodeConfig  # noqa: E402
-from disco.options import PairOptions  # noqa: E402
-from disco.pair import load_pair  # noqa: E402
-from disco.policy_registry import PolicySpec  # noqa: E402
-from disco.prompts import load_prompt_sources  # noqa: E402
+from disco.base.options import PairOptions  # noqa: E402
+from disco.core.cost import CostModel  # noqa: E402
+from disco.formats.prompts import load_prompt_sources  # noqa: E402
+from disco.jobs.compare import Entry, format_table, run_compare  # noqa: E402
+from disco.loop.decode import DecodeConfig  # noqa: E402
+from disco.loop.pair import load_pair  # noqa: E402
+from disco.policies.policy_registry import PolicySpec  # noqa: E402
 
 ARTIFACT = "models/embedded-qwen2.5-coder-llamacpp"
 pair = load_pair(PairOptions(engine="vllm"))

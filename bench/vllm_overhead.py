@@ -8,12 +8,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from pathlib import Path
 
-from disco.compare import Entry, format_tables, run_compare
-from disco.decode import DecodeConfig
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.policy_registry import PolicySpec
-from disco.prompts import load_prompt_sources
+from disco.base.options import PairOptions
+from disco.formats.prompts import load_prompt_sources
+from disco.jobs.compare import Entry, format_tables, run_compare
+from disco.loop.decode import DecodeConfig
+from disco.loop.pair import load_pair
+from disco.policies.policy_registry import PolicySpec
 
 pair = load_pair(PairOptions(engine="vllm"))
 prompts = (

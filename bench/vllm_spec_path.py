@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from vllm import SamplingParams  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
 
-from disco.options import PairOptions  # noqa: E402
-from disco.pair import load_pair  # noqa: E402
-from disco.policy_registry import PolicySpec  # noqa: E402
+from disco.base.options import PairOptions  # noqa: E402
+from disco.loop.pair import load_pair  # noqa: E402
+from disco.policies.policy_registry import PolicySpec  # noqa: E402
 from disco.vllm.engine import DISCO_DRAFT, SpecConfig  # noqa: E402
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "tiny"

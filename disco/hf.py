@@ -21,11 +21,11 @@ from typing import Callable
 
 import torch
 
-from disco.decode import DecodeConfig, speculative_generate, target_generate
-from disco.errors import DiscoError
-from disco.pair import eos_ids, pair_from_models
-from disco.policy import DEFAULT_MAX_WINDOW
-from disco.policy_registry import PolicySpec
+from disco.base.errors import DiscoError
+from disco.loop.decode import DecodeConfig, speculative_generate, target_generate
+from disco.loop.pair import eos_ids, pair_from_models
+from disco.policies.policy import DEFAULT_MAX_WINDOW
+from disco.policies.policy_registry import PolicySpec
 
 
 def disco_generate(

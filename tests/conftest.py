@@ -87,6 +87,6 @@ def pair32():
     import torch
     from tiny import char_tokenizer, tiny_pair
 
-    from disco.pair import pair_from_models
+    from disco.loop.pair import pair_from_models
 
     return pair_from_models(*tiny_pair(noise=0.1, dtype=torch.float32), char_tokenizer())

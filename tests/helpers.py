@@ -16,14 +16,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from disco.cli import main
-from disco.collect import trace_prompt
-from disco.decode import DecodeConfig, GenStats
-from disco.features import FEATURES, TOKEN_CLASSES, TOKEN_FEATURES, WINDOW_FEATURES, WindowState, token_features
-from disco.pair import Pair
-from disco.policy import OraclePolicy
-from disco.prompts import Prompt
-from disco.trace import COLUMNS, HIDDEN_COLUMN, signals_at
+from disco.cli.cli import main
+from disco.core.features import FEATURES, TOKEN_CLASSES, TOKEN_FEATURES, WINDOW_FEATURES, WindowState, token_features
+from disco.formats.prompts import Prompt
+from disco.formats.trace import COLUMNS, HIDDEN_COLUMN, signals_at
+from disco.jobs.collect import trace_prompt
+from disco.loop.decode import DecodeConfig, GenStats
+from disco.loop.pair import Pair
+from disco.policies.policy import OraclePolicy
 
 # --- the command line ------------------------------------------------------------------------------
 
@@ -112,7 +112,7 @@ class RecordingOracle(OraclePolicy):
 # A process that dies at its 4th prompt as under SIGKILL (os._exit: no handler, no flush runs).
 KILLED_AT_4TH_PROMPT = """
 import os, sys
-import disco.collect as c
+import disco.jobs.collect as c
 real, calls = c.teacher_forced_trace, []
 def trace(*args, **kwargs):
     calls.append(1)
@@ -121,7 +121,7 @@ def trace(*args, **kwargs):
     return real(*args, **kwargs)
 c.teacher_forced_trace = trace
 sys.argv = ["disco", *sys.argv[1:]]
-from disco.cli import main
+from disco.cli.cli import main
 main()
 """
 
@@ -138,7 +138,7 @@ def trace_frame(
     max_new: int | None = None,
     task: str = "t",
 ) -> pd.DataFrame:
-    """Trace rows in the schema of disco/trace.py, with the oracle's windows as the collector marks them."""
+    """Trace rows in the schema of disco/formats/trace.py, with the oracle's windows as the collector marks them."""
     L = len(target_tokens)
     max_new = L if max_new is None else max_new
     labels = [int(d == t) for d, t in zip(draft_tokens, target_tokens)]

@@ -26,12 +26,12 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from disco.artifact import DenseModel
-from disco.batch_policy import Batch, BatchClassifier, BatchTarget, BatchThreshold, RequestState
-from disco.closed_loop import ClosedLoop
-from disco.cost import CostModel
-from disco.defaults import ONLINE_COST_REBUILD
-from disco.features import FEATURES, TOKEN_CLASSES, assemble_token_features, batch_logit_distribution
+from disco.base.defaults import ONLINE_COST_REBUILD
+from disco.core.cost import CostModel
+from disco.core.features import FEATURES, TOKEN_CLASSES, assemble_token_features, batch_logit_distribution
+from disco.online.closed_loop import ClosedLoop
+from disco.policies.artifact import DenseModel
+from disco.policies.batch_policy import Batch, BatchClassifier, BatchTarget, BatchThreshold, RequestState
 from disco.vllm.draft import _calibrated, _DiscoDraft
 
 DEVICE = torch.device("cpu")  # "the draft's device" (this object: DeviceMarks tells it from a host tensor's)

@@ -1,4 +1,4 @@
-"""vLLM 0.32's adaptive verification re-implemented (disco/adaptive_verification.py: the online acceptance
+"""vLLM 0.32's adaptive verification re-implemented (disco/policies/adaptive_verification.py: the online acceptance
 estimator and the global draft budget), disco's learned budget, their lockstep simulation
 (simulate.simulate_adaptive_verification) and `disco train`'s calibration report (issue 45)."""
 
@@ -12,7 +12,10 @@ import pytest
 import torch
 from helpers import random_traces, synthetic_trace, write_traces
 
-from disco.adaptive_verification import (
+from disco.base.errors import DiscoError
+from disco.core.cost import CostModel
+from disco.core.features import FEATURES
+from disco.policies.adaptive_verification import (
     INIT_BIAS,
     INIT_SLOPE,
     MAX_LOG_ODDS,
@@ -31,14 +34,11 @@ from disco.adaptive_verification import (
     log_odds_from_logits,
     select,
 )
-from disco.artifact_models import Calibration
-from disco.batch_policy import Batch, BatchConstant, RequestState, RowState
-from disco.cost import CostModel
-from disco.errors import DiscoError
-from disco.features import FEATURES
-from disco.fitting import calibration_figures, calibration_report, fit_model, reliability
-from disco.simulate import prompt_traces, simulate_adaptive_verification, simulate_batched
-from disco.train import TrainConfig, train
+from disco.policies.artifact_models import Calibration
+from disco.policies.batch_policy import Batch, BatchConstant, RequestState, RowState
+from disco.training.fitting import calibration_figures, calibration_report, fit_model, reliability
+from disco.training.simulate import prompt_traces, simulate_adaptive_verification, simulate_batched
+from disco.training.train import TrainConfig, train
 
 # c_step(t) = 1 + 0.2 (t - 1): one target step over t tokens; c_draft(b) = 0.1: one batched draft position
 LINEAR = CostModel(0.1, (1.0, 1.2, 1.4), "stub", tuple(1.0 + 0.2 * (t - 1) for t in range(1, 65)), (0.1,) * 8)
@@ -426,8 +426,8 @@ def test_heldout_calibration_fits_on_validation_traces_and_reports_the_test_ones
     import importlib.util
     from pathlib import Path
 
-    from disco.artifact import load_artifact
-    from disco.fitting import online_logistic, online_proba, platt
+    from disco.policies.artifact import load_artifact
+    from disco.training.fitting import online_logistic, online_proba, platt
 
     script = Path(__file__).resolve().parents[1] / "bench" / "vllm" / "adaptive" / "heldout.py"
     spec = importlib.util.spec_from_file_location("heldout", script)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from disco.features import (
+from disco.core.features import (
     NGRAM_MAX,
     TOKEN_CLASSES,
     TOKEN_FEATURES,

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from disco.batch_policy import (
+from disco.base.errors import DiscoError
+from disco.core.cost import CostModel
+from disco.core.features import TOKEN_FEATURES
+from disco.policies.batch_policy import (
     Batch,
     BatchClassifier,
     BatchConstant,
@@ -17,11 +20,8 @@ from disco.batch_policy import (
     RowState,
     never_drafts,
 )
-from disco.classifier import ClassifierPolicy
-from disco.cost import CostModel
-from disco.errors import DiscoError
-from disco.features import TOKEN_FEATURES
-from disco.simulate import PromptTrace, simulate_batched
+from disco.policies.classifier import ClassifierPolicy
+from disco.training.simulate import PromptTrace, simulate_batched
 
 P = TOKEN_FEATURES.index("p_chosen")
 # a memory-bound stub profile: steps of up to 16 tokens cost the same, wider ones 5 % more a token

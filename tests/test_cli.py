@@ -67,7 +67,7 @@ def test_single_prompt_is_tokenized_as_the_tokenizer_does(folders, tmp_path, cap
     assert code == 0, err
     from transformers import AutoModelForCausalLM
 
-    from disco.decode import DecodeConfig, target_generate
+    from disco.loop.decode import DecodeConfig, target_generate
 
     model = AutoModelForCausalLM.from_pretrained(t)
     ref = target_generate(model, char_tokenizer()("hello")["input_ids"], DecodeConfig(max_new_tokens=5)).tokens
@@ -173,9 +173,9 @@ def test_compare_refuses_concurrency_on_an_engine_that_decodes_one_at_a_time(fol
 def test_batching_options_apply_to_the_engine_that_batches():
     """compare's default --concurrency (vLLM's levels) and 1 run on every engine; --max-batch (collect's, profile's)
     other than its default only on vLLM."""
-    from disco.checks import check_batching
-    from disco.defaults import DEFAULT_CONCURRENCY
-    from disco.errors import DiscoError
+    from disco.base.defaults import DEFAULT_CONCURRENCY
+    from disco.base.errors import DiscoError
+    from disco.cli.checks import check_batching
 
     for engine in ("torch", "llama.cpp", "vllm"):
         for levels in (DEFAULT_CONCURRENCY, "1"):

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from disco.closed_loop import ClosedLoop
-from disco.cost import CostModel
-from disco.defaults import (
+from disco.base.defaults import (
     CALIBRATION_REFIT,
     GOVERNOR_MAX_HOLD,
     GOVERNOR_WINDOW,
     ONLINE_COST_WINDOW,
 )
-from disco.governor import Governor
-from disco.online_calibration import OnlineCalibration, outcomes_to_cross
-from disco.online_costs import OnlineCosts
+from disco.core.cost import CostModel
+from disco.online.closed_loop import ClosedLoop
+from disco.online.governor import Governor
+from disco.online.online_calibration import OnlineCalibration, outcomes_to_cross
+from disco.online.online_costs import OnlineCosts
 
 # --- the running cost table -------------------------------------------------------------------------------------
 

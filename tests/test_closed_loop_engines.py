@@ -1,4 +1,4 @@
-"""The closed loop in disco's own loop (closed_loop.LoopStream / ClosedLoopPolicy, docs/architecture.md, "Closed
+"""The closed loop in disco's own loop (closed_loop_policy.LoopStream / ClosedLoopPolicy, docs/architecture.md, "Closed
 loop"), on the tiny torch pair and the tiny GGUF pair on llama.cpp: lossless (the output is target-only's), a wrong
 seed (costs ×3 and ×⅓) corrected by the costs the run times, the governor falling back to drafting nothing where
 the draft never agrees, and --closed-loop through the CLI. The side-engine proposer refuses it in one line. The
@@ -17,18 +17,18 @@ from helpers import cli, cli_args, one_error_line
 from tiny import StubLM, char_tokenizer, tiny_pair
 from tiny_gguf import write_tiny_gguf
 
-from disco.artifact import DenseModel, save_artifact
-from disco.closed_loop import LoopStream
-from disco.cost import CostModel
-from disco.decode import DecodeConfig, generate_ids, speculative_generate, target_generate
-from disco.defaults import GOVERNOR_HOLD
-from disco.errors import DiscoError
-from disco.features import FEATURES
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.policy import ConstantPolicy
-from disco.policy_registry import PolicySpec
-from disco.runner import check_closed_loop
+from disco.base.defaults import CALIBRATION_REFIT, GOVERNOR_HOLD
+from disco.base.errors import DiscoError
+from disco.base.options import PairOptions
+from disco.core.cost import CostModel
+from disco.core.features import FEATURES
+from disco.jobs.runner import check_closed_loop
+from disco.loop.decode import DecodeConfig, generate_ids, speculative_generate, target_generate
+from disco.loop.pair import load_pair
+from disco.policies.artifact import DenseModel, save_artifact
+from disco.policies.closed_loop_policy import LoopStream
+from disco.policies.policy import ConstantPolicy
+from disco.policies.policy_registry import PolicySpec
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n",
@@ -78,7 +78,7 @@ def _reference(pair) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def torch_pair():
     """The tiny float32 pair in memory, on the torch engine (noise 0.3: drafts agree often, not always)."""
-    from disco.pair import pair_from_models
+    from disco.loop.pair import pair_from_models
 
     return pair_from_models(*tiny_pair(noise=0.3, dtype=torch.float32), char_tokenizer())
 
@@ -108,9 +108,11 @@ def test_lossless_with_the_closed_loop(engine, torch_pair, gguf_pair, tmp_path):
         loop = closed.loop
         assert loop is not None and loop.costs.steps.observed > 0 and loop.costs.drafts.observed > 0, name
         assert loop.governor.steps > 0, name
-        if name.startswith("classifier"):  # the model's P(accept) met verified outcomes (and, here, was refitted)
-            assert loop.calibration is not None and int(loop.calibration.seen[1]) > 0, name
-            assert loop.calibration.refits > 0, name
+        if name.startswith("classifier"):  # the model's P(accept) met verified outcomes, refitted every few
+            # (how many windows the policy decides, rather than a probe or the governor's length, depends on timings)
+            calibration = loop.calibration
+            assert calibration is not None and int(calibration.seen[1]) > 0, name
+            assert calibration.refits == calibration.calls // CALIBRATION_REFIT, name
 
 
 def test_the_cost_rule_reads_the_running_table(torch_pair, tmp_path):

@@ -16,15 +16,15 @@ import torch
 from helpers import CONFIG, KILLED_AT_4TH_PROMPT, RecordingOracle, cli, collect_args, make_prompts
 from tiny import VOCAB, char_tokenizer, save_tiny, tiny_pair
 
-import disco.collect as collect_mod
-from disco.collect import collect, oracle_windows, teacher_forced_trace
-from disco.decode import DecodeConfig, speculative_generate, target_generate
-from disco.errors import DiscoError
-from disco.features import FEATURES, token_class_table, top_probs
-from disco.pair import pair_from_models
-from disco.prompts import load_prompt_sources
-from disco.trace import COLUMNS as TRACE_COLUMNS
-from disco.trace import HIDDEN_COLUMN, read_manifest, read_trace_rows
+import disco.jobs.collect as collect_mod
+from disco.base.errors import DiscoError
+from disco.core.features import FEATURES, token_class_table, top_probs
+from disco.formats.prompts import load_prompt_sources
+from disco.formats.trace import COLUMNS as TRACE_COLUMNS
+from disco.formats.trace import HIDDEN_COLUMN, read_manifest, read_trace_rows
+from disco.jobs.collect import collect, oracle_windows, teacher_forced_trace
+from disco.loop.decode import DecodeConfig, speculative_generate, target_generate
+from disco.loop.pair import pair_from_models
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN_INFO = ["gen_pos", "window_id", "oracle_drafted", "label", "draft_token", "target_token"]

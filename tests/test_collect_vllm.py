@@ -19,16 +19,16 @@ from helpers import KILLED_AT_4TH_PROMPT, cli, collect_args, free_port
 from tiny import char_tokenizer, perturbed, save_char_tiny, tiny_vllm_qwen
 from tiny_gguf import write_tiny_gguf
 
-import disco.collect as collect_mod
-from disco.collect import collect
-from disco.decode import DecodeConfig
-from disco.errors import DiscoError
-from disco.features import FEATURES, TARGET_SIGNALS, TOKEN_FEATURES
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.prompts import load_prompt_sources
-from disco.trace import HIDDEN_COLUMN, read_manifest, read_trace_rows
-from disco.train import TrainConfig, train
+import disco.jobs.collect as collect_mod
+from disco.base.errors import DiscoError
+from disco.base.options import PairOptions
+from disco.core.features import FEATURES, TARGET_SIGNALS, TOKEN_FEATURES
+from disco.formats.prompts import load_prompt_sources
+from disco.formats.trace import HIDDEN_COLUMN, read_manifest, read_trace_rows
+from disco.jobs.collect import collect
+from disco.loop.decode import DecodeConfig
+from disco.loop.pair import load_pair
+from disco.training.train import TrainConfig, train
 from disco.vllm.engine import SpecConfig
 
 ROOT = Path(__file__).resolve().parent.parent

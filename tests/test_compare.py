@@ -7,11 +7,11 @@ import pytest
 import torch
 from tiny import char_tokenizer, tiny_pair
 
-from disco.compare import TARGET_LABEL, cost_model_speedups, default_entries, run_compare
-from disco.decode import DecodeConfig, target_generate
-from disco.engines.torch_engine import HF_LABEL
-from disco.pair import pair_from_models
-from disco.prompts import Prompt
+from disco.engines.torch.torch_engine import HF_LABEL
+from disco.formats.prompts import Prompt
+from disco.jobs.compare import TARGET_LABEL, cost_model_speedups, default_entries, run_compare
+from disco.loop.decode import DecodeConfig, target_generate
+from disco.loop.pair import pair_from_models
 
 
 def test_compare_tiny(tmp_path):
@@ -40,7 +40,7 @@ def test_compare_tiny(tmp_path):
 def test_compare_shows_the_padding_of_captured_steps(tmp_path):
     """With captured steps (here eager, padded to buckets 1, 2, 4, 8), compare reports the filler tokens
     per output token, stays lossless, and records the warm-up (compile) time."""
-    from disco.engines.torch_engine import CapturedSteps, TorchEngine
+    from disco.engines.torch.torch_engine import CapturedSteps, TorchEngine
 
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     for m in (target, draft):
@@ -70,7 +70,7 @@ def test_compare_of_anchors_only_plots_what_it_has(tmp_path):
 
 
 def test_cost_model_speedups_from_counts():
-    from disco.cost import CostModel
+    from disco.core.cost import CostModel
 
     cost = CostModel(c_d=0.5, c_t=(1.0, 1.5, 2.0, 2.5))
     run = lambda n, t, d, w: {"new_tokens": n, "target_forwards": t, "draft_forwards": d, "windows": w}  # noqa: E731
@@ -100,7 +100,7 @@ def test_cost_model_speedups_from_counts():
 def test_a_run_that_differs_is_counted_not_hidden():
     """Fast verification on llama.cpp may change a greedy token: the table says how many prompts
     differ and the JSON where each first differs, instead of "yes"."""
-    from disco.compare import _first_mismatch, format_table
+    from disco.jobs.compare import _first_mismatch, format_table
 
     assert _first_mismatch([1, 2, 3], [1, 2, 3]) is None
     assert _first_mismatch([1, 9, 3], [1, 2, 3]) == 1
@@ -126,8 +126,8 @@ def test_a_run_that_differs_is_counted_not_hidden():
 def test_compare_sampled_runs_seeds_and_reports_log_probs(tmp_path):
     """Under sampling: every prompt under each seed, no oracle, no token-by-token check; each row's
     target log-prob is that of its own output, and the table shows the spread over seeds."""
-    from disco.compare import format_table, target_logprob
-    from disco.errors import DiscoError
+    from disco.base.errors import DiscoError
+    from disco.jobs.compare import format_table, target_logprob
 
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     pair = pair_from_models(target, draft, char_tokenizer())
@@ -143,7 +143,7 @@ def test_compare_sampled_runs_seeds_and_reports_log_probs(tmp_path):
         assert s["target_logprob"] < 0, label
         # outputs (and their lengths) differ between runs: speedups compare time per token
         assert s["speedup"] == pytest.approx(s["tokens_per_s"] / base_rate), label
-    from disco.compare import _per_token_speedup
+    from disco.jobs.compare import _per_token_speedup
 
     assert _per_token_speedup(10.0, 50, 10.0, 100) == 2.0  # same time, twice the tokens: twice as fast
     # the log-prob is the output's: target-only's second seed, decoded again
@@ -187,7 +187,7 @@ def test_wall_clock_within_the_runs_drift_is_marked():
     each prompt's rows; a row that never drafts: no draft forward, target-only's target forwards); a speedup
     within it is marked ≈ and one far outside is not; the line under the table says what the drift was and how
     it was measured. Anchors (another engine's loop) and rows whose forwards are not counted never measure it."""
-    from disco.compare import AGAIN, format_table, summarise
+    from disco.jobs.compare import AGAIN, format_table, summarise
 
     per_prompt = [
         {
@@ -235,8 +235,8 @@ def test_compare_measures_its_drift_from_rows_that_never_draft(tmp_path):
     """A live run: a policy that never drafts (here the target policy through disco's loop) runs target-only's
     forwards and measures the drift beside target-only's second run; compare.json records it, each row's mark
     follows it, and table.md says it under the table."""
-    from disco.compare import Entry
-    from disco.policy_registry import PolicySpec
+    from disco.jobs.compare import Entry
+    from disco.policies.policy_registry import PolicySpec
 
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     pair = pair_from_models(target, draft, char_tokenizer())

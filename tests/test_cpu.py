@@ -1,4 +1,4 @@
-"""CPU backends (disco/cpu_backends.py): every backend keeps greedy speculative decoding lossless relative
+"""CPU backends (disco/engines/torch/cpu_backends.py): every backend keeps greedy speculative decoding lossless relative
 to its own target-only decoding; the float32 backends keep eager's numbers (up to rounding)."""
 
 import copy
@@ -12,15 +12,15 @@ import torch
 from tiny import EOS, char_tokenizer, save_tiny, tiny_pair, tiny_qwen
 from torch import nn
 
-from disco.cpu_backends import FLOAT32_EXACT, apply_cpu_backend, cpu_backend_of, linear_weight_bytes
-from disco.decode import DecodeConfig, speculative_generate, target_generate
-from disco.defaults import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
-from disco.errors import DiscoError
-from disco.load_profiles import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles, profile_machine_warning
-from disco.machine import draft_threads, machine_text, this_machine
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.policy import ConstantPolicy, HeuristicPolicy, ThresholdPolicy
+from disco.base.defaults import CPU_BACKEND_HELP, CPU_BACKENDS, DEFAULT_CPU_BACKEND
+from disco.base.errors import DiscoError
+from disco.base.machine import draft_threads, machine_text, this_machine
+from disco.base.options import PairOptions
+from disco.core.load_profiles import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles, profile_machine_warning
+from disco.engines.torch.cpu_backends import FLOAT32_EXACT, apply_cpu_backend, cpu_backend_of, linear_weight_bytes
+from disco.loop.decode import DecodeConfig, speculative_generate, target_generate
+from disco.loop.pair import load_pair
+from disco.policies.policy import ConstantPolicy, HeuristicPolicy, ThresholdPolicy
 
 PROMPTS = [[5, 6, 7], [10, 20, 30, 40, 50], [3]]
 
@@ -216,8 +216,8 @@ def test_int8_verify_is_bit_identical_to_decode_steps():
     """int8 quantises activations: a last-bit difference between a batched forward and one-token
     steps would flip quantisation steps and grow to whole logits. Per-token scales plus per-row
     attention make verify(k) exactly k decode steps."""
-    from disco.engines.torch_engine import _forward
-    from disco.engines.torch_engine_cache import new_cache
+    from disco.engines.torch.torch_engine import _forward
+    from disco.engines.torch.torch_engine_cache import new_cache
 
     model = apply_cpu_backend(tiny_qwen(dtype=torch.float32, layers=3), "int8")
     ids = torch.tensor([5, 9, 14, 3, 77, 41, 8, 8, 60, 23, 12, 90, 33, 2])

@@ -1,7 +1,7 @@
 """Issue 30, item 3: a native crash never takes a run down. In the tests, a test that kills its process
 fails alone, with its signal, and the suite reaches its summary line (pytest-xdist, tests/conftest.py).
 On the command line, a command whose engine dies by a signal says so in one line, keeps what finished,
-and exits non-zero (disco/crash.py)."""
+and exits non-zero (disco/base/crash.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import torch
 from helpers import cli, collect_args, one_error_line
 from tiny import char_tokenizer, save_tiny, tiny_pair
 
-from disco import crash
-from disco.errors import DiscoError
+from disco.base import crash
+from disco.base.errors import DiscoError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,10 +76,10 @@ def pair(tmp_path_factory):
 # code: a forward of 30 tokens or more (the second prompt's prefill) kills the process with SIGSEGV.
 PARENT = """
 import sys
-import disco.cli as cli
+import disco.cli.cli as cli
 cli._CHILD = '''
 import os, signal
-import disco.engines.torch_engine as engine
+import disco.engines.torch.torch_engine as engine
 real = engine._forward
 def forward(model, cache, tokens, *args, **kwargs):
     if len(tokens) >= 30:
@@ -93,7 +93,7 @@ cli.entry()
 
 
 def disco(*args, crash: bool = True) -> subprocess.CompletedProcess:
-    code = PARENT if crash else "import sys; sys.argv[0] = 'disco'; from disco.cli import entry; entry()"
+    code = PARENT if crash else "import sys; sys.argv[0] = 'disco'; from disco.cli.cli import entry; entry()"
     return subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
         cwd=ROOT,
@@ -112,7 +112,7 @@ def crash_line(err: str, engine: str = "torch") -> str:
     line = errors[0]
     assert line.startswith(f"error: the {engine} engine crashed in native code (SIGSEGV, Segmentation fault, under ")
     stacks = Path(line.rsplit("(Python stacks: ", 1)[1].rstrip(")"))
-    assert "disco/engines/torch_engine.py" in stacks.read_text()
+    assert "disco/engines/torch/torch_engine.py" in stacks.read_text()
     stacks.unlink()
     return line
 
@@ -136,16 +136,16 @@ def test_compare_crashed_says_one_line_and_keeps_the_finished_rows(pair, tmp_pat
 
 
 def test_an_engine_error_in_compare_also_says_where_the_finished_rows_are(pair, tmp_path, capsys, monkeypatch):
-    import disco.runner
+    import disco.jobs.runner
 
-    real = disco.runner.target_generate
+    real = disco.jobs.runner.target_generate
 
     def target_generate(target, ids, *args, **kwargs):  # the second prompt's engine fails (llama-server died)
         if len(ids) >= 30:
             raise DiscoError("llama-server request /completion failed (connection reset); server exit code -11")
         return real(target, ids, *args, **kwargs)
 
-    monkeypatch.setattr(disco.runner, "target_generate", target_generate)
+    monkeypatch.setattr(disco.jobs.runner, "target_generate", target_generate)
     out = tmp_path / "cmp"
     args = ["compare", "--target", pair["target"], "--draft", pair["draft"], "--prompts", pair["prompts"]]
     code, _, err = cli(capsys, *args, "--out", out, "--policies", "constant", "--max-new-tokens", 8, "--device", "cpu")
@@ -173,22 +173,22 @@ def test_collect_crashed_keeps_its_shards_and_resumes(pair, tmp_path):
 REPORT = """Fatal Python error: Segmentation fault
 
 Thread 0x00007f0000000001 (most recent call first):
-  File "/x/disco/engines/torch_engine.py", line 10 in other_thread
+  File "/x/disco/engines/torch/torch_engine.py", line 10 in other_thread
 
 Current thread 0x00007f0000000000 (most recent call first):
   File "/x/site-packages/llama_cpp/llama_cpp.py", line 99 in llama_decode
-  File "/x/disco/engines/llamacpp.py", line 412 in forward
-  File "/x/disco/decode.py", line 50 in target_generate
+  File "/x/disco/engines/llamacpp/llamacpp.py", line 412 in forward
+  File "/x/disco/loop/decode.py", line 50 in target_generate
 """
 
 
 def test_the_engine_is_named_from_the_crashing_threads_innermost_engine_frame():
-    assert crash.innermost_engine(REPORT) == ("llama.cpp", "disco/engines/llamacpp.py:412")
-    assert crash.innermost_engine(REPORT.replace("disco/engines/llamacpp.py", "disco/pair.py")) is None
+    assert crash.innermost_engine(REPORT) == ("llama.cpp", "disco/engines/llamacpp/llamacpp.py:412")
+    assert crash.innermost_engine(REPORT.replace("disco/engines/llamacpp/llamacpp.py", "disco/loop/pair.py")) is None
     line = crash.describe("demo", signal.SIGSEGV, REPORT, "", "/tmp/r.txt", lambda: {"--engine", "--repack"})
     assert line == (
         "error: the llama.cpp engine crashed in native code (SIGSEGV, Segmentation fault, under "
-        "disco/engines/llamacpp.py:412): try --repack off or --engine torch (Python stacks: /tmp/r.txt)"
+        "disco/engines/llamacpp/llamacpp.py:412): try --repack off or --engine torch (Python stacks: /tmp/r.txt)"
     )
     assert ": try --engine torch (" in crash.describe("demo", signal.SIGSEGV, REPORT, "", "r", lambda: {"--engine"})
     killed = crash.describe("collect", signal.SIGKILL, "", "the shards are kept in t", "r", set)

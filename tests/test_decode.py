@@ -6,10 +6,10 @@ import torch
 from scipy.stats import chisquare
 from tiny import DistStubLM, StubLM, tiny_pair
 
-from disco.decode import DecodeConfig, speculative_generate, target_generate
-from disco.errors import DiscoError
-from disco.policy import ConstantPolicy, HeuristicPolicy, OraclePolicy, ThresholdPolicy
-from disco.policy_registry import make_policy
+from disco.base.errors import DiscoError
+from disco.loop.decode import DecodeConfig, speculative_generate, target_generate
+from disco.policies.policy import ConstantPolicy, HeuristicPolicy, OraclePolicy, ThresholdPolicy
+from disco.policies.policy_registry import make_policy
 
 V = 16
 count = lambda t, i: (t + 1) % V  # noqa: E731  the target's rule: next token = previous + 1

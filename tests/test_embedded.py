@@ -1,4 +1,4 @@
-"""Tests for disco.embedded: offline and fast, with fake part wheels and a fake converter.
+"""Tests for disco.sources.embedded: offline and fast, with fake part wheels and a fake converter.
 
 The fake parts are real installed-looking distributions (a dist-info folder with a RECORD),
 put on sys.path, so the importlib.metadata lookup is exercised as for the real wheels.
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from disco import embedded
-from disco.embedded import (
+from disco.base.errors import DiscoError
+from disco.sources import embedded
+from disco.sources.embedded import (
     CACHE_ENV,
     EMBEDDED_DRAFT,
     EMBEDDED_TARGET,
@@ -32,7 +33,6 @@ from disco.embedded import (
     prepare,
     prepared_path,
 )
-from disco.errors import DiscoError
 
 PARTS = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 1]  # three parts of uneven size
 
@@ -431,9 +431,9 @@ def test_a_pair_of_the_embedded_files_loads_the_embedded_pairs_artifacts(tmp_pat
     themselves as the embedded pair, so a classifier trained on it passes the pair check."""
     from tiny import char_tokenizer, save_tiny, tiny_pair
 
-    from disco.artifact import _check_pair
-    from disco.options import PairOptions
-    from disco.pair import load_pair
+    from disco.base.options import PairOptions
+    from disco.loop.pair import load_pair
+    from disco.policies.artifact import _check_pair
 
     stand_ins = (
         replace(_model(b"t"), role="target", name="fake-t"),

@@ -18,28 +18,28 @@ import transformers as tf
 from helpers import RecordingOracle, cli, cli_args
 from tiny import CHARS, EOS, SPECIALS, VOCAB, char_tokenizer, perturbed, save_tiny
 
-from disco.collect import collect, teacher_forced_trace
-from disco.compare import default_entries, run_compare
-from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
-from disco.engines.registry import teacher_forced
-from disco.engines.torch_engine import (
+from disco.base.errors import DiscoError
+from disco.base.options import PairOptions
+from disco.core.features import FEATURES, token_class_table
+from disco.engines.torch.torch_engine import (
     AssistedGeneration,
     CapturedSteps,
     TorchEngine,
     model_kind,
     resolve_cache,
 )
-from disco.engines.torch_engine_cache import past_recording_works
-from disco.errors import DiscoError
-from disco.features import FEATURES, token_class_table
+from disco.engines.torch.torch_engine_cache import past_recording_works
+from disco.formats.prompts import Prompt
 from disco.hf import disco_generate
-from disco.hub import check_same_tokenizer
-from disco.options import PairOptions
-from disco.pair import load_pair, load_pair_config, pair_from_models
-from disco.policy_registry import PolicySpec, make_policy
-from disco.prompts import Prompt
-from disco.train import TrainConfig, train
-from disco.tuning import RULE_GRIDS
+from disco.jobs.collect import collect, teacher_forced_trace
+from disco.jobs.compare import default_entries, run_compare
+from disco.loop.decode import DecodeConfig, generate, speculative_generate, target_generate
+from disco.loop.engine_registry import teacher_forced
+from disco.loop.pair import load_pair, load_pair_config, pair_from_models
+from disco.policies.policy_registry import PolicySpec, make_policy
+from disco.sources.hub import check_same_tokenizer
+from disco.training.train import TrainConfig, train
+from disco.training.tuning import RULE_GRIDS
 
 ROOT = Path(__file__).resolve().parent.parent
 _COMMON = dict(vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=0, bos_token_id=None, tie_word_embeddings=False)

@@ -16,19 +16,19 @@ import pytest
 import torch
 from tiny import char_tokenizer, tiny_pair, tiny_qwen
 
-from disco.artifact import DenseModel, load_artifact, save_artifact
-from disco.collect import collect
-from disco.cost import CostModel
-from disco.decode import DecodeConfig
-from disco.engines.torch_engine import CapturedSteps, TorchEngine
-from disco.features import FEATURES
+from disco.core.cost import CostModel
+from disco.core.features import FEATURES
+from disco.engines.torch.torch_engine import CapturedSteps, TorchEngine
+from disco.formats.prompts import Prompt
 from disco.gpu_probe import measure, speedups
 from disco.gpu_probe import shapes as shapes_mod
-from disco.pair import pair_from_models
-from disco.prompts import Prompt
-from disco.simulate import replay_policy, simulate
-from disco.train_data import load_trace_data, traces_for
-from disco.tuning import policy_table
+from disco.jobs.collect import collect
+from disco.loop.decode import DecodeConfig
+from disco.loop.pair import pair_from_models
+from disco.policies.artifact import DenseModel, load_artifact, save_artifact
+from disco.training.simulate import replay_policy, simulate
+from disco.training.train_data import load_trace_data, traces_for
+from disco.training.tuning import policy_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = "disco.gpu_probe.measure"

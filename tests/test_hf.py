@@ -5,15 +5,15 @@ import pytest
 import torch
 from tiny import char_tokenizer, tiny_pair
 
-from disco.classifier import ClassifierPolicy
-from disco.collect import collect
-from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
-from disco.errors import DiscoError
+from disco.base.errors import DiscoError
+from disco.formats.prompts import Prompt
 from disco.hf import disco_generate
-from disco.pair import pair_from_models
-from disco.policy_registry import PolicySpec
-from disco.prompts import Prompt
-from disco.train import TrainConfig, train
+from disco.jobs.collect import collect
+from disco.loop.decode import DecodeConfig, generate, speculative_generate, target_generate
+from disco.loop.pair import pair_from_models
+from disco.policies.classifier import ClassifierPolicy
+from disco.policies.policy_registry import PolicySpec
+from disco.training.train import TrainConfig, train
 
 
 @pytest.fixture(scope="module")

@@ -13,16 +13,16 @@ from helpers import RecordingOracle, cli, collect_args
 from tiny import char_tokenizer, save_tiny, tiny_pair
 from tiny_gguf import write_tiny_gguf
 
-from disco.compare import default_entries, run_compare
-from disco.decode import DecodeConfig, generate, speculative_generate, target_generate
-from disco.engines.llamacpp import LlamaCppEngine, requantized
-from disco.engines.llamacpp_server import SERVER_LABEL, SERVER_TARGET_LABEL
-from disco.engines.registry import resolve_engine
-from disco.errors import DiscoError
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.policy_registry import PolicySpec
-from disco.prompts import Prompt
+from disco.base.errors import DiscoError
+from disco.base.options import PairOptions
+from disco.engines.llamacpp.llamacpp import LlamaCppEngine, requantized
+from disco.engines.llamacpp.llamacpp_server import SERVER_LABEL, SERVER_TARGET_LABEL
+from disco.formats.prompts import Prompt
+from disco.jobs.compare import default_entries, run_compare
+from disco.loop.decode import DecodeConfig, generate, speculative_generate, target_generate
+from disco.loop.engine_registry import resolve_engine
+from disco.loop.pair import load_pair
+from disco.policies.policy_registry import PolicySpec
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n",
@@ -207,7 +207,7 @@ _CHILD_FAILS = [sys.executable, "-c", "raise SystemExit(3)"]
 
 
 def test_the_repack_probe_follows_its_child(files, tmp_path, monkeypatch):
-    from disco.engines.llamacpp_repack import choose, verdict_path
+    from disco.engines.llamacpp.llamacpp_repack import choose, verdict_path
 
     monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
     t = files[0]
@@ -232,7 +232,7 @@ def test_the_repack_probe_follows_its_child(files, tmp_path, monkeypatch):
 
 
 def test_a_changed_file_is_probed_again(tmp_path, monkeypatch):
-    from disco.engines.llamacpp_repack import choose
+    from disco.engines.llamacpp.llamacpp_repack import choose
 
     monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
     f = tmp_path / "m.gguf"
@@ -243,7 +243,7 @@ def test_a_changed_file_is_probed_again(tmp_path, monkeypatch):
 
 
 def test_the_engine_runs_without_repacking_where_the_probe_crashed(files, tmp_path, monkeypatch):
-    import disco.engines.llamacpp as llamacpp
+    import disco.engines.llamacpp.llamacpp as llamacpp
 
     monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
     t, d = files[0], files[1]
@@ -259,7 +259,7 @@ def test_the_engine_runs_without_repacking_where_the_probe_crashed(files, tmp_pa
 
 
 def test_repack_on_refused_by_the_cli_in_one_line(files, tmp_path, capsys, monkeypatch):
-    import disco.engines.llamacpp as llamacpp
+    import disco.engines.llamacpp.llamacpp as llamacpp
 
     t, d, *_, cache = files
     monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
@@ -303,7 +303,7 @@ def test_every_policy_is_lossless_against_llamacpp_target_only(pair, verify):
 
 
 def test_speculation_saves_target_calls(pair):
-    from disco.policy import ConstantPolicy
+    from disco.policies.policy import ConstantPolicy
 
     ids = _ids(pair, PROMPTS[0])
     res = speculative_generate(
@@ -492,7 +492,7 @@ def test_hidden_states_match_the_torch_engine(files, pair):
     input SpecDec++-style policies read. The tiny GGUF holds the same weights as the torch model."""
     from transformers import AutoModelForCausalLM
 
-    from disco.engines.registry import as_engine
+    from disco.loop.engine_registry import as_engine
 
     t = files[0]
     model = AutoModelForCausalLM.from_pretrained(str(t.parent), gguf_file=t.name, dtype=torch.float32).eval()
@@ -518,9 +518,9 @@ def test_trace_hidden_states_and_signals_equal_the_live_loop_on_llamacpp(pair):
     equal what the policy computes live, at every position the oracle drafts."""
     import numpy as np
 
-    from disco.collect import teacher_forced_trace
-    from disco.features import FEATURES
-    from disco.trace import HIDDEN_COLUMN
+    from disco.core.features import FEATURES
+    from disco.formats.trace import HIDDEN_COLUMN
+    from disco.jobs.collect import teacher_forced_trace
 
     classes = pair.token_classes()
     config = DecodeConfig(max_new_tokens=24, max_window=6)
@@ -551,7 +551,7 @@ def test_trace_hidden_states_and_signals_equal_the_live_loop_on_llamacpp(pair):
 
 def test_compare_sampled_on_llamacpp_with_server_rows(pair, tmp_path):
     """Sampling on llama.cpp: disco's rows and llama-server's, seeded, with target log-probs."""
-    from disco.engines.llamacpp_server import GREEDY_FIELDS, sampler_fields
+    from disco.engines.llamacpp.llamacpp_server import GREEDY_FIELDS, sampler_fields
 
     fields = sampler_fields(0.7, 0.95, 3)
     assert fields["samplers"] == ["temperature", "top_p"] and fields["top_k"] == 0 and fields["seed"] == 3

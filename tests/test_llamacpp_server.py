@@ -11,9 +11,9 @@ import torch
 from tiny import EOS, char_tokenizer, tiny_pair
 from tiny_gguf import write_tiny_gguf
 
-from disco.defaults import LLAMA_SERVER_DRAFT_N_MAX
-from disco.engines.llamacpp_server import LlamaServer, server_binary
-from disco.errors import DiscoError
+from disco.base.defaults import LLAMA_SERVER_DRAFT_N_MAX
+from disco.base.errors import DiscoError
+from disco.engines.llamacpp.llamacpp_server import LlamaServer, server_binary
 
 PROMPTS = ["def add(a, b):\n    return", "Hello, world! The quick brown fox", "x = [1, 2, 3]"]
 MAX_NEW = 24
@@ -105,5 +105,5 @@ def test_errors(binary, ggufs, tmp_path, monkeypatch):
         with pytest.raises(DiscoError, match="does not fit"):
             srv.complete([5] * 200, 100)
     monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(DiscoError, match="python -m disco.engines.llamacpp_build"):
+    with pytest.raises(DiscoError, match="python -m disco.engines.llamacpp.llamacpp_build"):
         server_binary(build=False)

@@ -3,7 +3,7 @@ exactness check on long contexts, loaded through disco's own prompt loader."""
 
 import json
 
-from disco.prompts import DATA_DIR, load_prompt_source, load_prompt_sources
+from disco.formats.prompts import DATA_DIR, load_prompt_source, load_prompt_sources
 
 LONG = DATA_DIR / "long-prompts.jsonl"
 

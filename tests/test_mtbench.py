@@ -11,13 +11,14 @@ import torch
 from helpers import cli
 from tiny import char_tokenizer, tiny_pair
 
-from disco import answers, mtbench, runner
-from disco.compare import TARGET_LABEL, default_entries, run_compare
-from disco.decode import DecodeConfig, target_generate
-from disco.defaults import MT_BENCH_CATEGORIES
-from disco.errors import DiscoError
-from disco.pair import pair_from_models
-from disco.prompts import load_prompt_sources
+from disco.base.defaults import MT_BENCH_CATEGORIES
+from disco.base.errors import DiscoError
+from disco.formats import mtbench
+from disco.formats.prompts import load_prompt_sources
+from disco.jobs import answers, runner
+from disco.jobs.compare import TARGET_LABEL, default_entries, run_compare
+from disco.loop.decode import DecodeConfig, target_generate
+from disco.loop.pair import pair_from_models
 
 SPLIT = mtbench.load_split()  # the committed split: {id: (category, split)}
 
@@ -173,7 +174,7 @@ def test_turn_two_holds_the_cached_answer_and_is_rebuilt_for_another_pair(standi
 
     calls = []
     real = runner.generate_ids  # disco's loop, through which the answers are decoded (runner.LoopRunner)
-    monkeypatch.setattr(runner, "generate_ids", lambda *args: calls.append(1) or real(*args))
+    monkeypatch.setattr(runner, "generate_ids", lambda *args, **kw: calls.append(1) or real(*args, **kw))
     assert answers.answer_first_turns(a, pending, 8, progress=False) == made and not calls  # from the cache
     # an interrupted run: one answer missing, only that one is made again
     doc = json.loads(path.read_text())
@@ -201,8 +202,8 @@ def test_generate_answers_turn_one_first(standin, folders, tmp_path, capsys):  #
 
 
 def test_collect_traces_the_conversations_and_resumes(standin, tmp_path):
-    from disco.collect import collect
-    from disco.trace import read_manifest
+    from disco.formats.trace import read_manifest
+    from disco.jobs.collect import collect
 
     pair, out = tiny("a"), tmp_path / "traces"
     config = DecodeConfig(max_new_tokens=6, max_window=4)
@@ -239,7 +240,7 @@ def test_compare_reports_every_row_by_task_and_the_tasks_add_up(standin, tmp_pat
 def test_the_speedup_plot_reads_at_many_rows(tmp_path):
     import matplotlib.pyplot as plt
 
-    from disco.plots import main_rows, write_plots
+    from disco.formats.plots import main_rows, write_plots
 
     labels = [TARGET_LABEL, *(f"policy {i}" for i in range(22)), "classifier", "oracle", "llama-server -md"]
     row = lambda v: {"speedup": v, "windows": [], "accepted_per_window": []}  # noqa: E731

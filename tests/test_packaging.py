@@ -1,5 +1,5 @@
 """Packaging without building anything (issue 44; .ci/wheel-check builds and installs the wheel): the shipped
-data is found through disco/shipped.py by name and by checkout path from any folder, in a checkout and in a
+data is found through disco/base/shipped.py by name and by checkout path from any folder, in a checkout and in a
 wheel's layout; the wheel takes every subpackage; the dependencies are shaped for their users."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from disco import shipped
-from disco.artifact import load_artifact
-from disco.cli_options import shipped_classifier, shipped_pair_file
-from disco.errors import DiscoError
-from disco.mtbench import SPLIT_FILE, load_split
-from disco.pair_files import load_pair_config
-from disco.prompts import DATA_DIR, load_prompt_sources
+from disco.base import shipped
+from disco.base.errors import DiscoError
+from disco.cli.cli_options import shipped_classifier, shipped_pair_file
+from disco.formats.mtbench import SPLIT_FILE, load_split
+from disco.formats.prompts import DATA_DIR, load_prompt_sources
+from disco.policies.artifact import load_artifact
+from disco.sources.pair_files import load_pair_config
 
 TOP = Path(__file__).resolve().parents[1]
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
@@ -158,7 +158,7 @@ def test_dependencies_are_shaped_for_their_users():
 def test_a_core_install_runs_without_llama_cpp():
     """`disco --help` and the torch engine import no llama_cpp (a core install has none)."""
     code = (
-        "import sys; import disco.cli, disco.engines.torch_engine, disco.engines.registry, disco.pair, disco.compare;"
+        "import sys; import disco.cli.cli, disco.engines.torch.torch_engine, disco.loop.engine_registry, disco.loop.pair, disco.jobs.compare;"
         "assert 'llama_cpp' not in sys.modules, 'llama_cpp imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=TOP, check=True)

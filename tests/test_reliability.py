@@ -20,12 +20,12 @@ import torch
 from helpers import CONFIG, cli, collect_args, make_prompts, one_error_line
 from tiny import char_tokenizer, save_tiny, tiny_pair
 
-from disco.artifact import load_artifact, rehash_artifact
-from disco.collect import collect
-from disco.errors import DiscoError
-from disco.files import write_or_rescue
-from disco.launch import folder_lock
-from disco.trace import read_trace_rows, read_traces
+from disco.base.errors import DiscoError
+from disco.base.files import write_or_rescue
+from disco.formats.trace import read_trace_rows, read_traces
+from disco.jobs.collect import collect
+from disco.jobs.launch import folder_lock
+from disco.policies.artifact import load_artifact, rehash_artifact
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,7 +71,7 @@ def _run(args):
     sys.argv = ["disco", *map(str, args)]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            from disco.cli import main
+            from disco.cli.cli import main
 
             main()
     except SystemExit as e:
@@ -203,14 +203,14 @@ def test_collect_into_a_locked_folder_says_busy(pair32, tmp_path):  # noqa: F811
 
 SLOW_COLLECT = """
 import sys, time
-import disco.collect as c
+import disco.jobs.collect as c
 real = c.teacher_forced_trace
 def slow(*args, **kwargs):  # a big model's pace: the second collect surely starts while this one runs
     time.sleep(2)
     return real(*args, **kwargs)
 c.teacher_forced_trace = slow
 sys.argv = ["disco", *sys.argv[1:]]
-from disco.cli import main
+from disco.cli.cli import main
 main()
 """
 
@@ -462,7 +462,11 @@ def test_an_edited_manifest_is_refused_like_an_edited_model(world, tmp_path, cap
 
 def test_columns_must_match_the_model_width(world, tmp_path):
     # an older (format 1) artifact has no manifest hash: its columns are still checked against the model
-    m = _edited(world, tmp_path, lambda m: (m.update(columns=m["columns"][:-1], format=1), m.pop("integrity_sha256")))
+    def older(m: dict) -> None:  # (format 1 names the rule's setting "threshold")
+        m.update(columns=m["columns"][:-1], format=1, threshold=m.pop("setting"))
+        m.pop("integrity_sha256")
+
+    m = _edited(world, tmp_path, older)
     n = len(json.loads((world["model"] / "manifest.json").read_text())["columns"])
     with pytest.raises(DiscoError) as e:
         load_artifact(m)
@@ -690,7 +694,7 @@ REFUSED = [
         ],
         lambda w, g, tmp: (
             "--policies: unknown nope; choose from target, constant, heuristic, threshold, adaedl, svip, "
-            "oracle, classifier, rules, llama-server, transformers, vllm"
+            "oracle, classifier, adaptive-verification, learned-budget, rules, llama-server, transformers, vllm"
         ),
     ),
     (

@@ -14,7 +14,13 @@ from helpers import CONFIG, ProbModel, cli, collected_trace, counts, make_prompt
 from tiny import POSITION_VOCAB as V
 from tiny import position_stub_pair
 
-from disco.artifact import (
+from disco.base.errors import DiscoError
+from disco.base.settings import SettingError
+from disco.core.cost import CostModel
+from disco.core.features import FEATURES, TOKEN_FEATURES
+from disco.jobs.compare import default_entries, select_entries
+from disco.loop.decode import DecodeConfig, speculative_generate
+from disco.policies.artifact import (
     ARTIFACT_FORMAT,
     Calibration,
     DenseModel,
@@ -23,19 +29,13 @@ from disco.artifact import (
     rehash_artifact,
     save_artifact,
 )
-from disco.batch_policy import BatchClassifier
-from disco.classifier import ClassifierPolicy, chosen_rule
-from disco.compare import default_entries, select_entries
-from disco.cost import CostModel
-from disco.decode import DecodeConfig, speculative_generate
-from disco.errors import DiscoError
-from disco.features import FEATURES, TOKEN_FEATURES
-from disco.policy import AdaEDLPolicy, DraftStep, SVIPPolicy
-from disco.policy_registry import BuildContext, PolicySpec, make_policy
-from disco.rules import RULES as RULE_OBJECTS
-from disco.rules import forecast_after, forecast_relaxed
-from disco.settings import SettingError
-from disco.simulate import prompt_traces, replay_policy, simulate
+from disco.policies.batch_policy import BatchClassifier
+from disco.policies.classifier import ClassifierPolicy, chosen_rule
+from disco.policies.policy import AdaEDLPolicy, DraftStep, SVIPPolicy
+from disco.policies.policy_registry import BuildContext, PolicySpec, make_policy
+from disco.policies.rules import RULES as RULE_OBJECTS
+from disco.policies.rules import forecast_after, forecast_relaxed
+from disco.training.simulate import prompt_traces, replay_policy, simulate
 
 
 def step_with_entropy(probs: list[float], pos: int = 1) -> DraftStep:
@@ -280,8 +280,8 @@ def test_head_artifact_round_trip_and_refusals(tmp_path):
 
 
 def test_wide_hidden_states_are_projected_with_the_recorded_seed():
-    from disco.features import HIDDEN_MAX_DIM, HIDDEN_PROJECTED_DIM, hidden_info, hidden_projection
-    from disco.trace import encode_hidden
+    from disco.core.features import HIDDEN_MAX_DIM, HIDDEN_PROJECTED_DIM, hidden_info, hidden_projection
+    from disco.formats.trace import encode_hidden
 
     states = torch.randn(3, HIDDEN_MAX_DIM + 8)
     stored = [np.frombuffer(b, np.float16) for b in encode_hidden(states)]
@@ -296,8 +296,8 @@ def test_wide_hidden_states_are_projected_with_the_recorded_seed():
 
 
 def test_damaged_shard_is_a_one_line_error_and_collect_redoes_it(pair32, tmp_path, capsys):
-    from disco.collect import collect
-    from disco.trace import read_trace_rows
+    from disco.formats.trace import read_trace_rows
+    from disco.jobs.collect import collect
 
     out = tmp_path / "t"
     collect(pair32, make_prompts(6), out, CONFIG, shard_prompts=2, progress=False)
@@ -424,7 +424,7 @@ def test_an_unknown_rule_is_one_line_exit_2_before_any_model_loads(capsys, monke
     def no_loading(*args, **kwargs):
         raise AssertionError("a pair was loaded before the rule was checked")
 
-    monkeypatch.setattr("disco.pair.load_pair", no_loading)
+    monkeypatch.setattr("disco.loop.pair.load_pair", no_loading)
     code, out, err = cli(
         capsys, "generate", "--prompt", "x", "--policy", "classifier", "--classifier", "embedded-qwen2.5-coder",
         "--classifier-rule", "costly", "--classifier-setting", "1.0",
@@ -445,7 +445,7 @@ def test_the_setting_flows_by_one_name_from_the_cli_to_the_rule(capsys, monkeypa
     """--classifier-setting -> PolicySpec.classifier_setting -> the policy's `setting`, which its rule decides by;
     the old flag --classifier-threshold still reads, with a warning, and never beside the new one."""
     specs = []
-    monkeypatch.setattr("disco.commands.generate", lambda prompt, prompts, spec, *rest: specs.append(spec))
+    monkeypatch.setattr("disco.cli.commands.generate", lambda prompt, prompts, spec, *rest: specs.append(spec))
     args = ("generate", "--prompt", "x", "--policy", "classifier", "--classifier", "embedded-qwen2.5-coder")
     args += ("--classifier-rule", "token")
     code, _, err = cli(capsys, *args, "--classifier-setting", "0.37")

@@ -15,17 +15,17 @@ from scipy.stats import chisquare
 from tiny import POSITION_VOCAB as V
 from tiny import VOCAB, DistStubLM, position_stub_pair
 
-import disco.decode as decode_mod
-from disco.artifact import SamplingMismatch, load_artifact
-from disco.classifier import ClassifierPolicy
-from disco.collect import collect, coupled_draft, teacher_forced_trace, trace_prompt
-from disco.decode import DecodeConfig, speculative_generate, target_generate, warp
-from disco.errors import DiscoError
-from disco.features import token_class_table
-from disco.pair import Pair
-from disco.policy_registry import make_policy
-from disco.simulate import prompt_traces, replay_policy, simulate
-from disco.trace import read_trace_rows
+import disco.loop.decode as decode_mod
+from disco.base.errors import DiscoError
+from disco.core.features import token_class_table
+from disco.formats.trace import read_trace_rows
+from disco.jobs.collect import collect, coupled_draft, teacher_forced_trace, trace_prompt
+from disco.loop.decode import DecodeConfig, speculative_generate, target_generate, warp
+from disco.loop.pair import Pair
+from disco.policies.artifact import SamplingMismatch, load_artifact
+from disco.policies.classifier import ClassifierPolicy
+from disco.policies.policy_registry import make_policy
+from disco.training.simulate import prompt_traces, replay_policy, simulate
 
 SAMPLED = DecodeConfig(max_new_tokens=16, max_window=5, temperature=0.8, top_p=0.9, seed=7)
 
@@ -232,7 +232,7 @@ def test_the_distribution_test_fails_for_a_broken_sampler(name, monkeypatch):
 def test_artifact_warns_at_another_temperature(tmp_path):
     import warnings
 
-    from disco.artifact import DenseModel, save_artifact
+    from disco.policies.artifact import DenseModel, save_artifact
 
     model = DenseModel("logistic", np.zeros(2), np.ones(2), [(np.ones((2, 1)), np.zeros(1))], "identity", [0, 1])
     save_artifact(tmp_path / "a", model, {"setting": 0.5, "sampling": {"temperature": 0.7, "top_p": 0.95}}, "# m\n")

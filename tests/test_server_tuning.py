@@ -1,4 +1,4 @@
-"""llama-server -md tuning's record (disco.server_tuning): the file it writes beside an artifact is the one
+"""llama-server -md tuning's record (disco.jobs.server_tuning): the file it writes beside an artifact is the one
 compare and demo read, the fastest setting wins, the prompts are the artifact's validation prompts. The
 measurement itself needs llama-server and the embedded pair (bench/tune_llama_server.py)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from disco.files import atomic_write_json
-from disco.prompts import Prompt
-from disco.server_tuning import TUNED_FILE, tuned_server, tuning_record, validation_prompts
+from disco.base.files import atomic_write_json
+from disco.formats.prompts import Prompt
+from disco.jobs.server_tuning import TUNED_FILE, tuned_server, tuning_record, validation_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 

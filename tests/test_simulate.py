@@ -12,13 +12,13 @@ from helpers import ProbModel, cli, collected_trace, counts, random_traces, synt
 from tiny import POSITION_VOCAB as V
 from tiny import position_stub_pair, tiny_pair
 
-from disco.classifier import ClassifierPolicy
-from disco.cost import CostModel
-from disco.decode import DecodeConfig, GenStats, speculative_generate
-from disco.errors import DiscoError
-from disco.features import TOKEN_CLASSES
-from disco.policy_registry import make_policy
-from disco.simulate import prompt_traces, replay_policy, simulate, simulate_many
+from disco.base.errors import DiscoError
+from disco.core.cost import CostModel
+from disco.core.features import TOKEN_CLASSES
+from disco.loop.decode import DecodeConfig, GenStats, speculative_generate
+from disco.policies.classifier import ClassifierPolicy
+from disco.policies.policy_registry import make_policy
+from disco.training.simulate import prompt_traces, replay_policy, simulate, simulate_many
 
 # --- a hand-made trace: exact counts for each policy ----------------------------------------
 
@@ -245,8 +245,8 @@ def test_classifier_policy_needs_token_classes_live():
 def test_profile_tiny_pair(tmp_path):
     from tiny import char_tokenizer
 
-    from disco.pair import pair_from_models
-    from disco.profile import format_profile, profile_pair
+    from disco.jobs.profile import format_profile, profile_pair
+    from disco.loop.pair import pair_from_models
 
     target, draft = tiny_pair(dtype=torch.float32)
     pair = pair_from_models(target, draft, char_tokenizer(), "tiny")
@@ -267,8 +267,8 @@ def test_profile_tiny_pair(tmp_path):
 def test_disco_profile_command(tmp_path, capsys, monkeypatch):
     from tiny import char_tokenizer, save_tiny
 
-    from disco.defaults import DEFAULT_CPU_BACKEND
-    from disco.embedded import CACHE_ENV
+    from disco.base.defaults import DEFAULT_CPU_BACKEND
+    from disco.sources.embedded import CACHE_ENV
 
     target, draft = tiny_pair(dtype=torch.float32)
     t, d = (

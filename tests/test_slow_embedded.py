@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from disco.decode import DecodeConfig, generate, target_generate
-from disco.policy_registry import PolicySpec
+from disco.loop.decode import DecodeConfig, generate, target_generate
+from disco.policies.policy_registry import PolicySpec
 
 pytestmark = pytest.mark.slow
 
@@ -14,8 +14,8 @@ PROMPTS = ["Write a Python function that returns the square of x.", "Say hello i
 
 @pytest.fixture(scope="module")
 def pair():
-    from disco.options import PairOptions
-    from disco.pair import load_pair
+    from disco.base.options import PairOptions
+    from disco.loop.pair import load_pair
 
     return load_pair(PairOptions(engine="torch"))
 
@@ -40,8 +40,8 @@ def test_embedded_pair_is_lossless_for_every_policy(pair):
 
 def test_embedded_pair_on_llamacpp_is_lossless_in_exact_verification():
     """The default engine for the embedded pair: llama.cpp, exact verification, draft in Q4_0."""
-    from disco.options import PairOptions
-    from disco.pair import load_pair
+    from disco.base.options import PairOptions
+    from disco.loop.pair import load_pair
 
     pair = load_pair(PairOptions(engine="llama.cpp", verify="exact"))
     info = pair.describe()["engine"]
@@ -64,9 +64,9 @@ def test_embedded_pair_on_llamacpp_is_exact_on_a_long_prompt():
     """Issue 30, item 2: exact verification stays exact far past the short context its width is probed
     on: on a prompt of >= 1,500 tokens every policy's 48 tokens equal target-only decoding's (minutes: a prefill
     of ~1,700 tokens per row)."""
-    from disco.options import PairOptions
-    from disco.pair import load_pair
-    from disco.prompts import load_prompts
+    from disco.base.options import PairOptions
+    from disco.formats.prompts import load_prompts
+    from disco.loop.pair import load_pair
 
     pair = load_pair(PairOptions(engine="llama.cpp", verify="exact"))
     prompt = next(p for p in load_prompts(LONG_PROMPTS) if p.id == LONG_PROMPT_ID)

@@ -11,17 +11,17 @@ import pytest
 import torch
 from helpers import PAIR, cli, counts, random_traces, synthetic_trace, write_traces
 
-from disco.artifact import JoblibModel, load_artifact, rehash_artifact, save_artifact
-from disco.classifier import ClassifierPolicy
-from disco.cost import CostModel
-from disco.decode import DecodeConfig, speculative_generate, target_generate
-from disco.errors import DiscoError
-from disco.features import FEATURES, TARGET_SIGNALS
-from disco.fitting import fit_model
-from disco.simulate import replay_policy, simulate
-from disco.train import TrainConfig, train
-from disco.train_data import load_trace_data, split_by_prompt, traces_for
-from disco.tuning import RULE_GRIDS, THRESHOLD_GRID, tune
+from disco.base.errors import DiscoError
+from disco.core.cost import CostModel
+from disco.core.features import FEATURES, TARGET_SIGNALS
+from disco.loop.decode import DecodeConfig, speculative_generate, target_generate
+from disco.policies.artifact import JoblibModel, load_artifact, rehash_artifact, save_artifact
+from disco.policies.classifier import ClassifierPolicy
+from disco.training.fitting import fit_model
+from disco.training.simulate import replay_policy, simulate
+from disco.training.train import TrainConfig, train
+from disco.training.train_data import load_trace_data, split_by_prompt, traces_for
+from disco.training.tuning import RULE_GRIDS, THRESHOLD_GRID, tune
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_split_is_by_prompt(data):
 
 
 def test_mt_bench_prompts_keep_their_fixed_split_and_the_others_are_drawn_as_before(data):
-    from disco.mtbench import load_split
+    from disco.formats.mtbench import load_split
 
     rows = data[0].rows
     ids, tasks = rows["prompt_id"].to_numpy(), rows["task"].to_numpy()
@@ -98,7 +98,7 @@ def test_threshold_is_the_argmax_of_simulated_speedup(data):
 
 
 def test_best_constant_is_the_longest_window_when_everything_is_accepted():
-    from disco.simulate import prompt_traces
+    from disco.training.simulate import prompt_traces
 
     traces = prompt_traces(synthetic_trace("a", [1] * 40))
     tuned = tune(traces, lambda k: replay_policy("constant", k=k), list(range(1, 9)), CostModel.default(8), 8)
@@ -365,11 +365,11 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
     lossless, and deciding as the simulator predicted on the validation prompts."""
     from tiny import char_tokenizer, tiny_pair
 
-    from disco.collect import collect
-    from disco.pair import pair_from_models
-    from disco.prompts import Prompt
-    from disco.simulate import prompt_traces
-    from disco.trace import read_traces
+    from disco.formats.prompts import Prompt
+    from disco.formats.trace import read_traces
+    from disco.jobs.collect import collect
+    from disco.loop.pair import pair_from_models
+    from disco.training.simulate import prompt_traces
 
     target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
     pair = pair_from_models(target, draft, char_tokenizer(), "tiny")

@@ -1,4 +1,4 @@
-"""LightGBM's trees as tensor ops (disco/tree_tensors.py): every row reaches the leaf booster.predict reaches, and
+"""LightGBM's trees as tensor ops (disco/policies/tree_tensors.py): every row reaches the leaf booster.predict reaches, and
 P(accept) equals the booster's, NaN and zero handling included; what the form cannot hold is left to LightGBM."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from disco.artifact import load_artifact
-from disco.features import FEATURES
-from disco.tree_tensors import TreeTensors
+from disco.core.features import FEATURES
+from disco.policies.artifact import load_artifact
+from disco.policies.tree_tensors import TreeTensors
 
 F = len(FEATURES)
 

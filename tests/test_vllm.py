@@ -17,16 +17,16 @@ import torch
 from helpers import free_port, stop_server, wait_ready
 from tiny import EOS, char_tokenizer, perturbed, save_char_tiny, tiny_vllm_qwen
 
-from disco.classifier import ClassifierPolicy
-from disco.compare import run_compare
-from disco.cost import CostModel
-from disco.decode import DecodeConfig, target_generate
-from disco.errors import DiscoError
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.policy_registry import PolicySpec
-from disco.prompts import Prompt
-from disco.runner import runner_for
+from disco.base.errors import DiscoError
+from disco.base.options import PairOptions
+from disco.core.cost import CostModel
+from disco.formats.prompts import Prompt
+from disco.jobs.compare import run_compare
+from disco.jobs.runner import runner_for
+from disco.loop.decode import DecodeConfig, target_generate
+from disco.loop.pair import load_pair
+from disco.policies.classifier import ClassifierPolicy
+from disco.policies.policy_registry import PolicySpec
 from disco.vllm import side as serving
 from disco.vllm.engine import SpecConfig
 from disco.vllm.process import PROCESS, Shared
@@ -211,7 +211,7 @@ def gguf_side(folders, tmp_path_factory):
 
     from tiny_gguf import write_tiny_gguf
 
-    from disco.hub import gguf_tokenizer
+    from disco.sources.hub import gguf_tokenizer
 
     root = tmp_path_factory.mktemp("gguf-side")
     draft = write_tiny_gguf(perturbed(tiny_vllm_qwen(), 0.03), char_tokenizer(), root / "draft.gguf")
@@ -321,7 +321,7 @@ def test_at_load_refuses_a_profile_without_steps():
 
 def test_serving_compare_rows_and_counts(pair, tmp_path):
     prompts = [Prompt(f"p{i}", "t", p) for i, p in enumerate(PROMPTS[:4])]
-    from disco.compare import Entry
+    from disco.jobs.compare import Entry
 
     entries = [Entry("constant k=2", PolicySpec("constant", k=2)), Entry("oracle", PolicySpec("oracle"))]
     cfg = DecodeConfig(max_new_tokens=24, max_window=6)
@@ -366,7 +366,7 @@ def test_one_rule_sizes_every_vllm_instance(folders):
     """vLLM's max_num_seqs comes from one rule (instance_seqs): a --max-batch as given, else the most requests
     submitted together and DEFAULT_VLLM_MAX_SEQS at least; a command's size (compare's levels, collect's and
     profile's --max-batch) holds for every instance it builds, whatever a group later wishes."""
-    from disco.defaults import DEFAULT_VLLM_MAX_SEQS
+    from disco.base.defaults import DEFAULT_VLLM_MAX_SEQS
     from disco.vllm.engine import VllmTarget, instance_seqs
 
     assert instance_seqs() == instance_seqs((1,)) == instance_seqs((1, DEFAULT_VLLM_MAX_SEQS)) == DEFAULT_VLLM_MAX_SEQS
@@ -441,7 +441,7 @@ def test_every_run_pays_its_prefill(pair, monkeypatch):
 def test_serving_rows_by_proposer(pair):
     """--proposers picks disco's proposers; a policy without a batched form with its knobs (the adaptive
     threshold) runs on the side engine only."""
-    from disco.compare import Entry
+    from disco.jobs.compare import Entry
     from disco.vllm.stages import serving_rows
 
     entries = [
@@ -465,8 +465,8 @@ def test_serving_rows_by_proposer(pair):
 def test_each_proposer_decides_with_its_own_load_profile(pair, tmp_path, capsys):
     """--load-profile names one profile per proposer (each records which): disco's proposer on vLLM's draft
     decides with the one measured on vLLM's draft, the side engine with its own, silently."""
-    from disco.load_profiles import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles
-    from disco.machine import this_machine
+    from disco.base.machine import this_machine
+    from disco.core.load_profiles import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles
     from disco.vllm.engine import DISCO_DRAFT
 
     files = []
@@ -488,8 +488,8 @@ def test_each_proposer_decides_with_its_own_load_profile(pair, tmp_path, capsys)
 def test_serving_compare_asks_second_turns_after_vllms_own_answers(pair, tmp_path, monkeypatch):
     """mt-bench-2 on vLLM: the first turns are answered by vLLM target-only, together (its target has no
     session), cached, and each second turn is decoded as the whole conversation."""
-    from disco import answers
-    from disco.compare import Entry
+    from disco.jobs import answers
+    from disco.jobs.compare import Entry
 
     monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
     prompts = [Prompt(f"q{i}", "t-2", p, follow_up="and then?") for i, p in enumerate(PROMPTS[:3])]
@@ -541,7 +541,7 @@ def test_cli_without_vllm(folders, tmp_path):
     code = (
         "import sys; sys.modules['vllm'] = None; sys.argv = ['disco', 'compare', '--engine', 'vllm', "
         f"'--target', {str(target)!r}, '--draft', {str(draft)!r}, '--prompts', 'code-test', '--out', "
-        f"{str(tmp_path / 'o')!r}]; from disco.cli import main; main()"
+        f"{str(tmp_path / 'o')!r}]; from disco.cli.cli import main; main()"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
@@ -581,7 +581,7 @@ def test_the_draft_gets_no_more_threads_than_the_worker_has_cores(folders, tmp_p
 
     from tiny_gguf import write_tiny_gguf
 
-    from disco.hub import gguf_tokenizer
+    from disco.sources.hub import gguf_tokenizer
 
     draft = write_tiny_gguf(perturbed(tiny_vllm_qwen(), 0.03), char_tokenizer(), tmp_path / "draft.gguf")
     target = shutil.copytree(folders[0], tmp_path / "target")

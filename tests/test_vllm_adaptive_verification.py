@@ -19,9 +19,9 @@ from vllm_pair import (  # noqa: F401 -- pytest fixtures
     vllm_generate,
 )
 
-from disco.cost import CostModel
-from disco.errors import DiscoError
-from disco.policy_registry import PolicySpec
+from disco.base.errors import DiscoError
+from disco.core.cost import CostModel
+from disco.policies.policy_registry import PolicySpec
 
 pytest.importorskip("vllm")
 
@@ -132,7 +132,7 @@ def test_budget_policies_need_a_load_profile(pair, spec):
 def test_compare_rows_on_vllms_draft(pair, tmp_path, capsys):
     """`disco compare --engine vllm` lines up vLLM's method (and, given a classifier, disco's learned budget) as rows
     on vLLM's draft, only given a load profile (else one line says why not), never on the side engine."""
-    from disco.compare import ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL, default_entries
+    from disco.jobs.compare import ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL, default_entries
     from disco.vllm.stages import serving_rows
 
     clf = str(logistic_artifact(tmp_path / "clf", pair))

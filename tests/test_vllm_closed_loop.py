@@ -22,11 +22,11 @@ from vllm_pair import (  # noqa: F401 -- pytest fixtures
     vllm_generate,
 )
 
-from disco.cost import CostModel
-from disco.defaults import GOVERNOR_HOLD, GOVERNOR_WINDOW
-from disco.options import PairOptions
-from disco.pair import load_pair
-from disco.policy_registry import PolicySpec
+from disco.base.defaults import GOVERNOR_HOLD, GOVERNOR_WINDOW
+from disco.base.options import PairOptions
+from disco.core.cost import CostModel
+from disco.loop.pair import load_pair
+from disco.policies.policy_registry import PolicySpec
 from disco.vllm.engine import DISCO_DRAFT, SpecConfig
 from disco.vllm.settings import ENV, settings_from_env
 
@@ -129,8 +129,8 @@ def _synthetic_clock(monkeypatch) -> None:
     """The closed loop sees SEED's seconds instead of this machine's (where two tiny models cost about the same per
     forward, drafting pays or not by the machine's load): a step over t tokens costs SEED.c_step[t - 1], a draft
     position over b rows SEED.c_draft[b - 1], so that drafting pays while the draft agrees."""
-    from disco.governor import Governor
-    from disco.online_costs import OnlineCosts
+    from disco.online.governor import Governor
+    from disco.online.online_costs import OnlineCosts
 
     step, position, observe = OnlineCosts.observe_step, OnlineCosts.observe_draft, Governor.observe
 

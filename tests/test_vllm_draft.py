@@ -29,13 +29,13 @@ from vllm_pair import (  # noqa: F401 -- pytest fixtures
     vllm_generate,
 )
 
-from disco.artifact import DenseModel
-from disco.batch_policy import Batch, BatchClassifier, RequestState
-from disco.classifier import ClassifierPolicy
-from disco.cost import CostModel
-from disco.errors import DiscoError
-from disco.features import FEATURES, TOKEN_FEATURES
-from disco.policy_registry import PolicySpec
+from disco.base.errors import DiscoError
+from disco.core.cost import CostModel
+from disco.core.features import FEATURES, TOKEN_FEATURES
+from disco.policies.artifact import DenseModel
+from disco.policies.batch_policy import Batch, BatchClassifier, RequestState
+from disco.policies.classifier import ClassifierPolicy
+from disco.policies.policy_registry import PolicySpec
 from disco.vllm import config as vllm_config_checks
 from disco.vllm import settings as vllm_settings
 from disco.vllm.engine import SpecConfig

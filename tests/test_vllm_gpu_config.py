@@ -15,7 +15,7 @@ import pytest
 import torch
 from tiny import perturbed, save_char_tiny, tiny_vllm_qwen
 
-from disco.errors import DiscoError
+from disco.base.errors import DiscoError
 from disco.vllm import config, plugin
 from disco.vllm.config import ASYNC_OFF, V1_RUNNER_ENV, check_config, engine_args_defaults
 from disco.vllm.draft import proposer_class

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from tiny import EOS, perturbed, save_char_tiny, tiny_vllm_qwen
 
-from disco.artifact import DenseModel, save_artifact
-from disco.cost import CostModel
-from disco.features import FEATURES
-from disco.options import PairOptions
-from disco.pair import load_pair
+from disco.base.options import PairOptions
+from disco.core.cost import CostModel
+from disco.core.features import FEATURES
+from disco.loop.pair import load_pair
+from disco.policies.artifact import DenseModel, save_artifact
 from disco.vllm.engine import DISCO_DRAFT, SpecConfig
 
 PROMPTS = ["def add(a, b):\n    return", "Hello, world! The quick brown fox", "x = [1, 2, 3]", "ab", "zz top 12"]

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from disco.stats import GenResult
+from disco.core.stats import GenResult
 
 
 @runtime_checkable
@@ -109,7 +109,7 @@ class Engine(EngineBase, Protocol):
 
 class BatchedDraft(Protocol):
     """One draft model holding a sequence per request (vLLM's side-engine proposer): each feed() is one
-    batched forward over every sequence given tokens (engines/llamacpp_batch.py)."""
+    batched forward over every sequence given tokens (engines/llamacpp/llamacpp_batch.py)."""
 
     # append each key's tokens to its sequence (a new key starts one): {key: ((vocab,) logits after its last
     # token, its (hidden,) last-layer state if `hidden`, else None)}
@@ -242,7 +242,7 @@ class CompareRow(Protocol):
 
 @dataclass(frozen=True)
 class EngineKind:
-    """One registry entry (engines/registry.py): how to load a pair on this engine and what it claims."""
+    """One registry entry (loop/engine_registry.py): how to load a pair on this engine and what it claims."""
 
     load_pair: Callable[[Any], PairParts]  # options.PairOptions (pair file applied) -> the loaded pair
     prepare_embedded: Callable[[bool], dict[str, Any]]  # install? -> {role: path} of the embedded pair's files

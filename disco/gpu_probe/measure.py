@@ -42,16 +42,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from disco import shipped
-from disco.artifact import load_artifact
-from disco.artifact_models import DenseModel
-from disco.classifier import ClassifierPolicy
-from disco.cost import CostModel
-from disco.decode import DecodeConfig, speculative_generate, target_generate
-from disco.defaults import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD
-from disco.engines.torch_engine import TorchEngine
-from disco.engines.torch_engine_cache import BUCKETS, CapturedSteps
-from disco.features import FEATURES, TOKEN_CLASSES
+from disco.base import shipped
+from disco.base.defaults import DEFAULT_K, DEFAULT_MAX_WINDOW, DEFAULT_THRESHOLD
+from disco.core.cost import CostModel
+from disco.core.features import FEATURES, TOKEN_CLASSES
+from disco.engines.torch.torch_engine import TorchEngine
+from disco.engines.torch.torch_engine_cache import BUCKETS, CapturedSteps
 from disco.gpu_probe.shapes import (
     TINY,
     TINY_DRAFT,
@@ -66,11 +62,15 @@ from disco.gpu_probe.shapes import (
     n_params,
     sync,
 )
-from disco.pair import pair_from_models
-from disco.policy_registry import make_policy
-from disco.profile import profile_pair
+from disco.jobs.profile import profile_pair
+from disco.loop.decode import DecodeConfig, speculative_generate, target_generate
+from disco.loop.pair import pair_from_models
+from disco.policies.artifact import load_artifact
+from disco.policies.artifact_models import DenseModel
+from disco.policies.classifier import ClassifierPolicy
+from disco.policies.policy_registry import make_policy
 
-ROOT = shipped.root()  # configs/shapes, models/: the checkout, or the wheel's copy (disco/shipped.py)
+ROOT = shipped.root()  # configs/shapes, models/: the checkout, or the wheel's copy (disco/base/shipped.py)
 SHAPES = (ROOT / "configs/shapes/embedded-qwen2.5-coder.json", ROOT / "configs/shapes/llama-3.1-8b__llama-3.2-1b.json")
 ARTIFACT = ROOT / "models/embedded-qwen2.5-coder"  # the shipped torch classifier (LightGBM)
 PATHS = ("dynamic", "static", "static-compiled", "static-padded")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from disco.decode import target_generate
+from disco.loop.decode import target_generate
 
 # --tiny: the same families and configurations, shrunk (CPU tests)
 TINY = {

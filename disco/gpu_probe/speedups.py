@@ -26,15 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from disco import shipped
-from disco.artifact import load_artifact
-from disco.cost import CostModel
-from disco.defaults import DEFAULT_MAX_WINDOW, DEFAULT_VAL_FRACTION
-from disco.simulate import replay_policy, simulate_many
-from disco.train_data import load_trace_data, row_tasks, split_by_prompt, traces_for
-from disco.tuning import policy_table
+from disco.base import shipped
+from disco.base.defaults import DEFAULT_MAX_WINDOW, DEFAULT_VAL_FRACTION
+from disco.core.cost import CostModel
+from disco.policies.artifact import load_artifact
+from disco.training.simulate import replay_policy, simulate_many
+from disco.training.train_data import load_trace_data, row_tasks, split_by_prompt, traces_for
+from disco.training.tuning import policy_table
 
-ROOT = shipped.root()  # models/: the checkout, or the wheel's copy (disco/shipped.py)
+ROOT = shipped.root()  # models/: the checkout, or the wheel's copy (disco/base/shipped.py)
 ARTIFACT = ROOT / "models/embedded-qwen2.5-coder"
 SHIPPED = "shipped, as is"
 GOALS = {"c_d / c_t(1)": 0.45, "c_t(8) / c_t(1)": 1.3, "shipped speedup": 1.5}  # issue 25, captured path

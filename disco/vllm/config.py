@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from disco.errors import DiscoError
+from disco.base.errors import DiscoError
 
 V1_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM's switch between its model runners ("0": V1)
 ASYNC_OFF = (

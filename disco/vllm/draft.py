@@ -30,7 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from disco.batch_policy import (
+from disco.base.errors import DiscoError, said_in_one_line
+from disco.core.cost import CostModel
+from disco.core.features import assemble_token_features, batch_logit_distribution, token_class_table
+from disco.online.closed_loop import ClosedLoop
+from disco.policies.batch_policy import (
     Batch,
     BatchClassifier,
     BatchConstant,
@@ -41,13 +45,9 @@ from disco.batch_policy import (
     never_drafts,
     verified,
 )
-from disco.closed_loop import ClosedLoop
-from disco.cost import CostModel
-from disco.embedded import pair_name
-from disco.errors import DiscoError, said_in_one_line
-from disco.features import assemble_token_features, batch_logit_distribution, token_class_table
-from disco.hub import load_tokenizer, tokenizer_hash
-from disco.policy_registry import BatchContext, PolicySpec
+from disco.policies.policy_registry import BatchContext, PolicySpec
+from disco.sources.embedded import pair_name
+from disco.sources.hub import load_tokenizer, tokenizer_hash
 from disco.vllm.config import check_drafter, first_rank, in_effect
 from disco.vllm.process import PROCESS, take_stats
 from disco.vllm.settings import ENV, settings_from_env

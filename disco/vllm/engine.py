@@ -28,8 +28,7 @@ from typing import Any
 
 import torch
 
-from disco import embedded
-from disco.defaults import (
+from disco.base.defaults import (
     DEFAULT_CACHE,
     DEFAULT_DRAFT_QUANT,
     DEFAULT_VLLM_FIXED_K,
@@ -38,16 +37,17 @@ from disco.defaults import (
     VLLM_GPU_MEMORY,
     VLLM_MAX_MODEL_LEN,
 )
+from disco.base.errors import DiscoError
+from disco.base.machine import draft_threads
+from disco.base.options import PairOptions
+from disco.core.stats import GenResult, GenStats
 from disco.engines.base import PairParts, Variant
-from disco.engines.llamacpp import LlamaCppEngine
-from disco.engines.llamacpp_lib import EMBEDDED_DRAFT_QUANT, is_gguf, requantized
-from disco.engines.torch_engine import TorchEngine
-from disco.errors import DiscoError
-from disco.hub import check_same_tokenizer, eos_ids, gguf_tokenizer, load_config, load_model, load_tokenizer
-from disco.machine import draft_threads
-from disco.options import PairOptions
-from disco.policy_registry import PolicySpec
-from disco.stats import GenResult, GenStats
+from disco.engines.llamacpp.llamacpp import LlamaCppEngine
+from disco.engines.llamacpp.llamacpp_lib import EMBEDDED_DRAFT_QUANT, is_gguf, requantized
+from disco.engines.torch.torch_engine import TorchEngine
+from disco.policies.policy_registry import PolicySpec
+from disco.sources import embedded
+from disco.sources.hub import check_same_tokenizer, eos_ids, gguf_tokenizer, load_config, load_model, load_tokenizer
 from disco.vllm.plugin import take_effect
 from disco.vllm.process import PROCESS
 from disco.vllm.settings import Settings

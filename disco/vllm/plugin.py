@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from disco.errors import DiscoError
+from disco.base.errors import DiscoError
 from disco.vllm.config import choose_v1_runner
 from disco.vllm.draft import proposer_class
 from disco.vllm.process import PROCESS

@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from disco.cost import CostModel
-from disco.errors import DiscoError
-from disco.policy_registry import PolicySpec
+from disco.base.errors import DiscoError
+from disco.core.cost import CostModel
+from disco.policies.policy_registry import PolicySpec
 from disco.vllm.config import check_config, engine_args_defaults, speculates_with_draft_model
 from disco.vllm.settings import ENV, Settings
 

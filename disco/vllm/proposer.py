@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from disco.cost import CostModel
-from disco.policy_registry import PolicySpec
+from disco.core.cost import CostModel
+from disco.policies.policy_registry import PolicySpec
 
 
 class Proposer(Protocol):

@@ -9,10 +9,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from disco.cost import CostModel
-from disco.errors import DiscoError
-from disco.load_profiles import VLLM_DRAFT, LoadProfiles
-from disco.policy_registry import PolicySpec
+from disco.base.errors import DiscoError
+from disco.core.cost import CostModel
+from disco.core.load_profiles import VLLM_DRAFT, LoadProfiles
+from disco.policies.policy_registry import PolicySpec
 
 # a JSON file (or JSON text): {"policy": {PolicySpec fields}, "profile": PATH or [PATH, ...], "closed_loop": bool}
 ENV = "DISCO_VLLM_POLICY"

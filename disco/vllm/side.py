@@ -33,17 +33,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from disco.cost import CostModel, load_view
-from disco.decode import DecodeConfig, Drafter
-from disco.defaults import SIDE_DRAFT_SEQS
+from disco.base.defaults import SIDE_DRAFT_SEQS
+from disco.base.errors import DiscoError, said_in_one_line
+from disco.base.shipped import find_classifier
+from disco.core.cost import CostModel, load_view
+from disco.core.load_profiles import SIDE_ENGINE, LoadProfiles
+from disco.core.stats import GenStats
 from disco.engines.base import BatchedDraft
-from disco.errors import DiscoError, said_in_one_line
-from disco.load_profiles import SIDE_ENGINE, LoadProfiles
-from disco.policy import StoppingPolicy, decide_now
-from disco.policy_registry import PolicySpec
-from disco.rounds import decide_token, draft_window, end_round, leading_run, opens_window
-from disco.shipped import find_classifier
-from disco.stats import GenStats
+from disco.loop.decode import DecodeConfig, Drafter
+from disco.policies.policy import StoppingPolicy, decide_now
+from disco.policies.policy_registry import PolicySpec
+from disco.policies.rounds import decide_token, draft_window, end_round, leading_run, opens_window
 from disco.vllm.engine import PROPOSER
 from disco.vllm.process import PROCESS, is_request
 from disco.vllm.settings import ENV, read_settings
@@ -266,8 +266,8 @@ def _load_shared_from_env() -> None:
             "disco.vllm.draft) and in disco's own loop (disco generate --closed-loop), not on the side-engine "
             'proposer yet: drop "closed_loop", or serve with a draft model on vLLM\'s draft'
         )
-    from disco.options import PairOptions
-    from disco.pair import load_pair
+    from disco.base.options import PairOptions
+    from disco.loop.pair import load_pair
 
     pair_opts = {k: v for k, v in (settings.get("pair") or {}).items() if k in PairOptions.__dataclass_fields__}
     PROCESS.side.pair = load_pair(PairOptions(**{**pair_opts, "engine": "vllm"}))

@@ -18,16 +18,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from disco.cost import CostModel
-from disco.defaults import DEFAULT_VLLM_MAX_SEQS, DEFAULT_VLLM_PROPOSERS, VLLM_PROFILE_BATCHES, VLLM_PROFILE_WINDOWS
+from disco.base.defaults import (
+    DEFAULT_VLLM_MAX_SEQS,
+    DEFAULT_VLLM_PROPOSERS,
+    VLLM_PROFILE_BATCHES,
+    VLLM_PROFILE_WINDOWS,
+)
+from disco.base.errors import DiscoError
+from disco.base.machine import this_machine
+from disco.core.cost import CostModel
+from disco.core.load_profiles import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles
+from disco.core.stats import GenResult
 from disco.engines.base import Continuation, EngineKind
-from disco.errors import DiscoError
-from disco.hub import load_model
-from disco.load_profiles import SIDE_ENGINE, VLLM_DRAFT, LoadProfiles
-from disco.machine import this_machine
-from disco.policy_registry import PolicySpec
-from disco.prompts import context_ids
-from disco.stats import GenResult
+from disco.formats.prompts import context_ids
+from disco.policies.policy_registry import PolicySpec
+from disco.sources.hub import load_model
 from disco.vllm.engine import (
     DISCO_DRAFT,
     NO_SESSION,

@@ -45,11 +45,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from disco import shipped  # noqa: E402
-from disco.artifact import Artifact, load_artifact  # noqa: E402
-from disco.errors import DiscoError  # noqa: E402
-from disco.features import FEATURES  # noqa: E402
-from disco.fitting import (  # noqa: E402
+from disco.base import shipped  # noqa: E402
+from disco.base.errors import DiscoError  # noqa: E402
+from disco.core.features import FEATURES  # noqa: E402
+from disco.formats.prompts import load_prompt_sources  # noqa: E402
+from disco.policies.artifact import Artifact, load_artifact  # noqa: E402
+from disco.training.fitting import (  # noqa: E402
     ECE_BINS,
     calibration_figures,
     calibration_report,
@@ -58,8 +59,7 @@ from disco.fitting import (  # noqa: E402
     platt,
     reliability,
 )
-from disco.prompts import load_prompt_sources  # noqa: E402
-from disco.train_data import load_trace_data  # noqa: E402
+from disco.training.train_data import load_trace_data  # noqa: E402
 
 DISCO, ONLINE = "disco (shipped classifier)", "vLLM online estimator"
 AUROC_MARGIN = 0.02  # issue 45: disco's held-out AUROC >= the online logistic's + this (all positions)
@@ -255,7 +255,7 @@ def report(
     result = heldout_report(val_rows, test_rows, artifact, k)
     result.update(classifier=classifier, val=list(val), test=list(test), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     if out is not None:
-        from disco.plots import reliability_diagram
+        from disco.formats.plots import reliability_diagram
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "heldout.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -25,12 +25,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from disco.adaptive_verification import BatchLearnedBudget, extrapolated  # noqa: E402
-from disco.artifact import load_artifact  # noqa: E402
-from disco.batch_policy import BatchConstant  # noqa: E402
-from disco.cost import CostModel  # noqa: E402
-from disco.simulate import prompt_traces, simulate_adaptive_verification, simulate_batched  # noqa: E402
-from disco.train_data import load_trace_data  # noqa: E402
+from disco.core.cost import CostModel  # noqa: E402
+from disco.policies.adaptive_verification import BatchLearnedBudget, extrapolated  # noqa: E402
+from disco.policies.artifact import load_artifact  # noqa: E402
+from disco.policies.batch_policy import BatchConstant  # noqa: E402
+from disco.training.simulate import prompt_traces, simulate_adaptive_verification, simulate_batched  # noqa: E402
+from disco.training.train_data import load_trace_data  # noqa: E402
 
 
 def test_ids(data: Path) -> set[str]:

@@ -1,0 +1,122 @@
+"""The closed loop as a serving proposer runs it (docs/architecture.md, "Closed loop"; ../shared/DESIGN.md, 5d):
+the offline priors (an artifact's model, a `disco profile`) corrected by what the serving process itself sees.
+
+One object per proposer, fed at three moments of its step:
+
+    step(now, tokens, drafted, accepted)   a step begins: the target step that just ran (its tokens, the time since
+                                           the last step's drafting ended) and the verified windows' outcomes
+    position(batch, seconds)               one batched draft position ran
+    ended(now)                             this step's drafting is over (the target step starts)
+
+and asked, when it decides, for `cost_model()` (the running cost table: online_costs.OnlineCosts, seeded by the
+profile if one is given) and `override(batch, stale)` (None, the policy decides; k, a fixed length this step: a
+warm-up probe, the governor's choice, or 0 while stale requests finish). When the governor drafts nothing, `off` is
+set and the proposer skips the draft's pass altogether (vLLM's catch-up: ~one draft position a step, up to 16 % of a
+step at 8 requests on this CPU); the requests in the batch then have holes in the draft's KV cache and never draft
+again (`stale`), so before the policy is tried again the loop runs k = 0 with the catch-up pass until every request
+in the batch is one the draft has seen whole (a request's lifetime at most, once per hold of up to
+GOVERNOR_MAX_HOLD steps).
+The online calibration of the classifier's probabilities (online_calibration.OnlineCalibration) is held here and
+applied where the probabilities are made (batch_policy.BatchClassifier), on the device.
+
+disco's own loop (decode.py, one request at a time) runs the same loop at batch 1 through the policy interface
+alone: ClosedLoopPolicy wraps the policy a generation runs and times the round from its calls, LoopStream holds
+one ClosedLoop across a stream of requests (a `disco generate --closed-loop` run, a compare row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from disco.base.defaults import CLOSED_LOOP_PROBES
+from disco.core.cost import CostModel
+from disco.online.governor import Governor
+from disco.online.online_calibration import OnlineCalibration
+from disco.online.online_costs import OnlineCosts
+
+
+class ClosedLoop:
+    """A proposer's running costs, online calibration and governor."""
+
+    def __init__(
+        self,
+        seed: CostModel | None,
+        max_batch: int,
+        max_window: int,
+        device: torch.device,
+        calibrate: bool,
+        idle_position: bool,
+        say: Callable[[str], None],
+        skip_idle: bool = False,
+    ) -> None:
+        self.costs = OnlineCosts(max_batch, max_window, seed)
+        self.calibration = OnlineCalibration(max_window, device) if calibrate else None
+        # idle_position: a step that drafts nothing still runs one draft position (vLLM's catch-up pass); with
+        # skip_idle the governor's k = 0 skips it (`off`), so that k = 0 costs what target-only does
+        self.skip_idle = skip_idle
+        self.governor = Governor(max_window, max_batch, idle_position=idle_position and not skip_idle, say=say)
+        self.max_batch, self.max_window = max_batch, max_window
+        # the first steps at each batch size band (1, 2, 4, 8, ...: the largest power of two <= the batch) draft at
+        # fixed lengths across the window (CLOSED_LOOP_PROBES, as the window allows), three times each, so that the
+        # table measures target steps of that band's widths and its draft positions whatever the seed makes the
+        # policy do: a seed under which no window pays would otherwise never draft, and never learn it was wrong;
+        # bands past one probe only the short lengths (the long ones cost most where many requests share a step)
+        self._widths = [k for k in CLOSED_LOOP_PROBES if k <= max_window] or [max_window]
+        self._probes: dict[int, list[int]] = {}  # each band's probe lengths still to run
+        self.off = False  # this step the governor drafts nothing: the proposer skips the draft's pass
+        self._spell = True  # the step decided last counts in the governor's spells (not a probe, not a rejoin)
+        self._started: float | None = None  # when the last step's propose began
+        self._ended: float | None = None  # when the last step's drafting ended (its target step began)
+
+    def _band_probes(self, batch: int) -> list[int]:
+        band = 1 << (max(batch, 1).bit_length() - 1)
+        if band not in self._probes:
+            widths = self._widths if not self._probes else [k for k in self._widths if k <= 4]
+            self._probes[band] = [widths[i % len(widths)] for i in range(3 * len(widths))]
+        return self._probes[band]
+
+    def step(self, now: float, tokens: int, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        """A step begins: the target step that just ran over `tokens` tokens (timed from the end of the last
+        drafting: the target's forward, sampling and vLLM's scheduling, as `disco profile` times it) and the
+        outcomes of the windows it verified (each decode request's drafted and accepted length; all of the last
+        step's wall time, for the governor)."""
+        if self._ended is not None and 0 < tokens <= self.max_batch * (self.max_window + 1):
+            self.costs.observe_step(tokens, now - self._ended)
+        if self._started is not None and len(drafted):
+            self.governor.observe(drafted, accepted, now - self._started, spell=self._spell)
+        self._started = now
+
+    def position(self, batch: int, seconds: float) -> None:
+        if 0 < batch <= self.max_batch:
+            self.costs.observe_draft(batch, seconds)
+
+    def ended(self, now: float) -> None:
+        self._ended = now
+
+    def begin(self, now: float) -> None:
+        """A request starts with no step pending (disco's loop: one request at a time): the time since the last
+        step (the prefill, the caller's work between requests) is no step's."""
+        self._started, self._ended = now, None
+
+    def cost_model(self) -> CostModel:
+        return self.costs.cost_model()
+
+    def override(self, batch: int = 1, stale: bool = False) -> int | None:
+        """The fixed length this step of `batch` requests runs (None: the policy decides): a probe of the batch's
+        band, else the governor's choice, judged on this process's own costs once they are measured (before, the
+        seed's absolute numbers may be another machine's). stale: a request in the batch missed the draft's pass
+        in an off step (it cannot draft: the policy waits at k = 0, pass on, until no such request is left)."""
+        self.off, self._spell = False, False
+        probes = self._band_probes(batch)
+        if probes and not stale and self.governor.mode != 0:
+            return probes.pop(0)
+        k = self.governor.choose(self.costs.cost_model() if self.costs.warm else None)
+        if k == 0 and self.skip_idle:
+            self.off, self._spell = True, True
+            return 0
+        if stale:  # back from an off spell: the stale requests finish before the policy's trial counts
+            return 0
+        self._spell = True
+        return k

@@ -1,0 +1,275 @@
+"""A governor that keeps a stopping policy honest against the engine's own fixed draft length (docs/architecture.md,
+"Closed loop").
+
+From what the serving process sees each step (each request's drafted and accepted length, the batch size, the
+step's wall time) and its running costs (online_costs.OnlineCosts), it estimates
+- alpha_j: per-position conditional acceptance (token j accepted given the j - 1 before it were), from counts of
+  the judged tokens (the accepted ones and each window's first rejected one) that decay by 1 - 1/GOVERNOR_MEMORY
+  each step that drafts; a position no window reached inherits the deepest estimate;
+- what a plain fixed length k = 0 .. K would give on the same steps (the batch sizes of the window):
+  tokens b * E_k, E_k = 1 + sum_{j<=k} prod_{i<=j} alpha_i, in c_step(b (k + 1)) + k c_draft(b) seconds;
+- the policy's own measured tokens per second over the last GOVERNOR_WINDOW steps;
+all as speedups over target-only (b tokens per c_step(b)), which travel across batch sizes.
+
+choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
+- a spell of the policy is judged once it has GOVERNOR_WINDOW steps, then every GOVERNOR_WINDOW / 8 steps, on
+  the last GOVERNOR_WINDOW: when the best fixed length beats the policy by GOVERNOR_MARGIN, the governor takes
+  over with it. So a policy losing from its start is replaced after GOVERNOR_WINDOW steps, one that starts losing
+  later within 9/8 GOVERNOR_WINDOW steps of the change;
+- on a fixed length it moves to another only when that one's estimate beats it (as estimated, or as measured over
+  its last GOVERNOR_WINDOW steps if lower) by the margin; after a hold
+  (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
+  GOVERNOR_WINDOW steps judged by the same rule. A policy that wins again is back within GOVERNOR_MAX_HOLD +
+  GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW / (GOVERNOR_WINDOW +
+  GOVERNOR_MAX_HOLD) of the steps (3 % at the defaults) in trials once the hold has grown;
+- the estimate of a fixed length is optimistic while the policy runs (alpha comes from the tokens the policy chose to
+  draft, the likelier ones), so where this process ran that length in the last GOVERNOR_MAX_HOLD steps the governor
+  believes the lower of its estimate and its measured speedup;
+- when neither the policy nor any fixed length reaches target-only's speed, it says so once (`say`).
+
+Memory: a few arrays of GOVERNOR_WINDOW steps and K positions; per step O(batch x K) numpy, per judgement
+O(max_batch x K).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from disco.base.defaults import GOVERNOR_HOLD, GOVERNOR_MARGIN, GOVERNOR_MAX_HOLD, GOVERNOR_MEMORY, GOVERNOR_WINDOW
+from disco.core.cost import CostModel
+
+_MIN_JUDGED = 1.0  # decayed judged tokens a position needs for its own acceptance estimate
+
+
+def _say(line: str) -> None:
+    print(f"disco: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Spell:
+    """The last `window` steps of one mode (the policy, or one fixed length): what was produced in what time."""
+
+    window: int
+    max_batch: int
+
+    def __post_init__(self) -> None:
+        self.tokens = np.zeros(self.window)
+        self.seconds = np.zeros(self.window)
+        self.batch = np.zeros(self.window, dtype=np.int64)
+        self.steps = 0  # steps in this spell so far
+        self.started = 0  # the governor's step count when it started
+
+    @property
+    def full(self) -> bool:
+        return self.steps >= self.window
+
+    def add(self, tokens: float, seconds: float, batch: int) -> None:
+        i = self.steps % self.window
+        self.tokens[i], self.seconds[i], self.batch[i] = tokens, seconds, batch
+        self.steps += 1
+
+    def sizes(self) -> np.ndarray:
+        """(max_batch + 1,) how many of the window's steps ran each batch size."""
+        n = min(self.steps, self.window)
+        return np.bincount(self.batch[:n], minlength=self.max_batch + 1)
+
+    def speedup(self, costs: CostModel) -> float:
+        """Measured tokens/s over target-only's on the same steps (c_step(b) for b tokens)."""
+        n = min(self.steps, self.window)
+        rate = self.tokens[:n].sum() / max(self.seconds[:n].sum(), 1e-12)
+        return rate / _target_rate(self.sizes(), costs)
+
+
+def _target_rate(sizes: np.ndarray, costs: CostModel) -> float:
+    """Target-only's tokens per second on steps of these batch sizes (sizes[b]: steps of b requests)."""
+    b = np.arange(1, len(sizes))
+    c_step = np.asarray(costs.c_step)
+    return float((sizes[1:] * b).sum() / max((sizes[1:] * c_step[np.minimum(b, len(c_step)) - 1]).sum(), 1e-12))
+
+
+class Governor:
+    """Chooses per step between the policy (None) and a fixed draft length k = 0 .. max_window."""
+
+    def __init__(
+        self,
+        max_window: int,
+        max_batch: int,
+        window: int = GOVERNOR_WINDOW,
+        margin: float = GOVERNOR_MARGIN,
+        hold: int = GOVERNOR_HOLD,
+        max_hold: int = GOVERNOR_MAX_HOLD,
+        memory: int = GOVERNOR_MEMORY,
+        idle_position: bool = False,
+        say: Callable[[str], None] = _say,
+    ) -> None:
+        self.max_window, self.max_batch = max_window, max_batch
+        self.window, self.margin, self.hold0, self.max_hold = window, margin, hold, max_hold
+        self.decay = 1.0 - 1.0 / memory
+        # a step that drafts nothing still runs one draft position (vLLM's catch-up pass, which keeps the draft's
+        # KV cache current so the policy can be tried again): what k = 0 costs in this process
+        self.idle_position = idle_position
+        self.say = say
+        self.judged = np.zeros(max_window)  # decayed counts of position j's judged tokens ...
+        self.accepted = np.zeros(max_window)  # ... and of its accepted ones
+        self.mode: int | None = None  # None: the policy decides; k: fixed length k
+        self.trial = False  # the policy's spell is a trial (after a hold on a fixed length)
+        self.hold = hold  # the next hold on a fixed length, in steps
+        self.until = 0  # the step at which the fixed spell ends in a trial
+        self.steps = 0
+        self.spell = Spell(window, max_batch)
+        self.last_fixed: tuple[int, Spell] | None = None  # the last fixed spell ran (its length, its last steps)
+        self.said = False
+        self.estimates: np.ndarray | None = None  # the last judgement's speedups of k = 0 .. K (for reports)
+        self.policy_speedup: float | None = None
+        self._costs: CostModel | None = None
+        self._times: np.ndarray | None = None  # (max_batch + 1, K + 1) seconds of a fixed-k step at batch b
+
+    # --- what happened ---------------------------------------------------------------------------------------
+
+    def observe(
+        self,
+        drafted: Sequence[int] | np.ndarray,
+        accepted: Sequence[int] | np.ndarray,
+        seconds: float,
+        spell: bool = True,
+    ) -> None:
+        """One verified step: each request's drafted and accepted length (the step's decode requests), the step's
+        wall time (its target step, its drafting, its decisions: one propose() start to the next). spell: the step
+        ran the mode the governor chose (False: a warm-up probe, or a step waiting for stale requests: its outcomes
+        teach the acceptance estimates, its time judges no spell)."""
+        d, a = np.asarray(drafted, dtype=np.int64), np.asarray(accepted, dtype=np.int64)
+        self.steps += 1
+        if not 0 < len(d) <= self.max_batch:
+            return
+        if d.any():  # (a step that drafted nothing keeps the estimates as they were: what k = 0 learns nothing of)
+            j = np.arange(1, self.max_window + 1)[None, :]
+            self.judged = self.judged * self.decay + ((j <= d[:, None]) & (j <= a[:, None] + 1)).sum(0)
+            self.accepted = self.accepted * self.decay + (j <= np.minimum(a, d)[:, None]).sum(0)
+        if spell:
+            self.spell.add(float((a + 1).sum()), seconds, len(d))
+
+    def alphas(self) -> np.ndarray | None:
+        """(K,) per-position conditional acceptance; None before any window was judged."""
+        enough = self.judged >= _MIN_JUDGED
+        if not enough[0]:
+            return None
+        alpha = (self.accepted + 0.5) / (self.judged + 1.0)  # (a half-token prior: never exactly 0 or 1)
+        deepest = int(np.flatnonzero(enough)[-1])  # judged counts never grow with j: the reached ones lead
+        alpha[deepest + 1 :] = alpha[deepest]
+        return alpha
+
+    # --- the estimates ---------------------------------------------------------------------------------------
+
+    def _step_times(self, costs: CostModel) -> np.ndarray:
+        """(max_batch + 1, K + 1): seconds of a step of b requests at fixed k (inf beyond the table)."""
+        if costs is not self._costs:
+            c_step = np.asarray(costs.c_step)
+            k = np.arange(self.max_window + 1)[None, :]
+            b = np.arange(self.max_batch + 1)[:, None]
+            t = b * (k + 1)
+            verify = np.where((t >= 1) & (t <= len(c_step)), c_step[np.clip(t, 1, len(c_step)) - 1], np.inf)
+            shared = [costs.draft_position(max(int(x), 1)) for x in b[:, 0]]  # None: c_d per request drafting
+            position = np.array([costs.c_d * max(int(x), 1) if s is None else s for s, x in zip(shared, b[:, 0])])
+            position = position[:, None]
+            self._times = verify + np.maximum(k, 1 if self.idle_position else 0) * position
+            self._costs = costs
+        assert self._times is not None
+        return self._times
+
+    def fixed_speedups(self, costs: CostModel) -> np.ndarray | None:
+        """(K + 1,) the estimated speedup over target-only of fixed k = 0 .. K on the spell's steps."""
+        alpha = self.alphas()
+        if alpha is None:
+            return None
+        sizes = self.spell.sizes()
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(alpha))])  # E_k, k = 0 .. K
+        ran = np.flatnonzero(sizes)  # the batch sizes the steps ran (the others' times may be inf: unused)
+        tokens = (sizes[ran] * ran).sum() * expected
+        seconds = (sizes[ran, None] * self._step_times(costs)[ran]).sum(0)
+        return tokens / seconds / _target_rate(sizes, costs)
+
+    def _references(self, costs: CostModel) -> np.ndarray | None:
+        """The fixed lengths' speedups as the judgement believes them: the estimate, or for the length run last
+        (within max_hold steps) the lower of the estimate and its measured speedup."""
+        est = self.fixed_speedups(costs)
+        if est is None:
+            return None
+        self.estimates = est.copy()
+        if self.last_fixed is not None:
+            k, spell = self.last_fixed
+            if self.steps - spell.started - spell.steps <= self.max_hold:
+                est[k] = min(est[k], spell.speedup(costs))
+        return est
+
+    # --- the decision ----------------------------------------------------------------------------------------
+
+    def choose(self, costs: CostModel | None) -> int | None:
+        """None: the policy decides this step; k: draft exactly k tokens per request (0: none). costs: the running
+        cost table in this process's seconds (OnlineCosts.cost_model() once warm; None: not yet, the policy runs)."""
+        if costs is None or not costs.c_step:
+            return self.mode
+        if self.mode is not None:
+            return self._fixed(costs)
+        if not self._judging():
+            return None
+        ref = self._references(costs)
+        if ref is None:
+            return None
+        policy = self.spell.speedup(costs)
+        self.policy_speedup = policy
+        best = int(np.nanargmax(ref))
+        self._maybe_say(ref, policy)
+        if ref[best] > policy * (1.0 + self.margin):  # the policy lost: the best fixed length takes over
+            if self.trial:
+                self.hold = min(2 * self.hold, self.max_hold)
+            self._enter(best)
+            self.until = self.steps + self.hold
+        elif self.trial:  # the policy won its trial back
+            self.trial, self.hold = False, self.hold0
+        return self.mode
+
+    def _fixed(self, costs: CostModel) -> int | None:
+        assert self.mode is not None
+        if self.steps >= self.until and self.spell.full:  # the hold is over: a trial of the policy
+            self.last_fixed = (self.mode, self.spell)
+            self._enter(None)
+            self.trial = True
+            return None
+        if self._judging():  # another fixed length, only when it beats this one by the margin
+            est = self.fixed_speedups(costs)
+            if est is not None:
+                self.estimates = est.copy()
+                # this length as measured over its last `window` steps, if lower: a shift in acceptance shows there
+                # within window / 2 steps, while the estimates' decayed counts take ~GOVERNOR_MEMORY steps
+                est[self.mode] = min(est[self.mode], self.spell.speedup(costs))
+                best = int(np.nanargmax(est))
+                if est[best] > est[self.mode] * (1.0 + self.margin):
+                    self._enter(best)
+        return self.mode
+
+    def _judging(self) -> bool:
+        """Judge a spell once it has `window` steps, then every window / 8 steps (its cost stays off most steps)."""
+        return self.spell.full and self.spell.steps % max(self.window // 8, 1) == 0
+
+    def _enter(self, mode: int | None) -> None:
+        self.mode = mode
+        self.spell = Spell(self.window, self.max_batch)
+        self.spell.started = self.steps
+
+    def _maybe_say(self, ref: np.ndarray, policy: float) -> None:
+        drafting = ref[1:]
+        if self.said or policy >= 1.0 or not np.all(drafting < 1.0):
+            return
+        self.said = True
+        sizes = self.spell.sizes()
+        load = (sizes * np.arange(len(sizes))).sum() / max(sizes.sum(), 1)
+        k = int(np.nanargmax(drafting)) + 1
+        self.say(
+            f"drafting does not pay in this process: at {load:.1f} requests a step, the best fixed draft length "
+            f"(k={k}) reaches {drafting[k - 1]:.2f}x target-only's tokens/s and disco's policy {policy:.2f}x; "
+            "the governor drafts nothing and tries the policy again now and then"
+        )

@@ -1,0 +1,209 @@
+"""A running cost table measured where the decision runs (docs/architecture.md, "Closed loop").
+
+An offline profile (`disco profile`) is a property of one machine, thread layout, process structure and engine
+setting; the serving process is the truth. It times its own steps and feeds them here:
+
+    observe_step(tokens, seconds)   one target step over `tokens` tokens in all (the batch's requests together)
+    observe_draft(batch, seconds)   one batched draft position for `batch` requests
+
+and asks `cost_model()` for a CostModel (c_step, c_draft, c_d, c_t) the cost rules read as they read a profile
+(`at_load` works on it).
+
+How a bucket's cost is estimated (one rule for target steps by tokens and draft positions by batch size):
+- prior shape: the seed's (an offline profile: c_step / c_draft, or c_t for a batch-of-one profile), else the
+  default cost model's linear-in-tokens one (cost.CostModel.default, in units of a target step), a draft position
+  by batch size shaped like a target step by tokens; extended linearly past what the seed covers;
+- the measurements correct the prior by a ratio, in log. A bucket's own ratio is the median of its last
+  ONLINE_COST_WINDOW observations, from its third on (decode steps are noisy, ±15 %, and some are far off: a page
+  fault, a first use of a shape; a median ignores anything short of half its window); it is pooled with its
+  neighbours' (sizes within ~10 %, by their counts) and with the global ratio (the median log(seconds / prior) of
+  the kind's last observations, whatever their bucket) at two observations' worth; the buckets in between take
+  the ratio interpolated, those past the observed sizes the nearest one's, and with no bucket at three
+  observations yet every bucket takes the global ratio. So a seed wrong by any factor (×3 from another machine,
+  ×⅓ from an in-process profile) is corrected in every bucket, observed or not, at the first observation of each
+  kind, and keeps only its shape; a kind with no observation yet (no draft position timed) takes the other kind's
+  global ratio (the seed's draft-to-target proportion holds until measured). Measured with ±15 % noise
+  (tests/test_closed_loop.py): within 15 % of the truth in every bucket after one step, within 10 % after 20;
+- monotone: a step over more tokens (a position over more rows) never costs less (stages.step_costs's reason:
+  noise must not make an extra token look free to the cost rules), so the table is made non-decreasing by
+  weighted isotonic regression (pool adjacent violators; observed buckets weigh their observation count,
+  unobserved ones almost nothing).
+
+Memory is fixed (a (buckets, window) ring per kind); observe_* is O(1); the cost model is rebuilt after 1, 2, 4,
+8, ... observations, then every ONLINE_COST_REBUILD (numpy over the buckets: ~1 ms on a 2-core CPU for 8 requests
+x 21 tokens, so ~0.1 ms a step at a step and a few draft positions timed each), and the same CostModel object is
+handed out in between (CostModel.at_load caches its views by it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from disco.base.defaults import ONLINE_COST_REBUILD, ONLINE_COST_WARMUP, ONLINE_COST_WINDOW
+from disco.core.cost import CostModel
+
+_UNSEEN_WEIGHT = 1e-3  # an unobserved bucket's weight in the isotonic fit: the measured ones decide
+
+
+def _extend(values: tuple[float, ...] | list[float], n: int) -> np.ndarray:
+    """values[0 .. n-1], continued past its end along the straight line through its first and last entries (a
+    cost grows at most linearly with the tokens once compute-bound; never downwards)."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) >= n:
+        return v[:n].copy()
+    slope = max(0.0, (v[-1] - v[0]) / (len(v) - 1)) if len(v) > 1 else 0.0
+    extra = v[-1] + slope * np.arange(1, n - len(v) + 1)
+    return np.concatenate([v, extra])
+
+
+def _isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least-squares non-decreasing fit of y (pool adjacent violators)."""
+    means: list[float] = []
+    weights: list[float] = []
+    sizes: list[int] = []
+    for v, wt in zip(y.tolist(), w.tolist()):
+        means.append(v)
+        weights.append(wt)
+        sizes.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            m2, w2, s2 = means.pop(), weights.pop(), sizes.pop()
+            total = weights[-1] + w2
+            means[-1] = (means[-1] * weights[-1] + m2 * w2) / total
+            weights[-1] = total
+            sizes[-1] += s2
+    return np.repeat(np.asarray(means), sizes)
+
+
+def _median(ring: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Each row's median of its n valid values (NaN past them; np.nanmedian is ~10x slower)."""
+    ordered = np.sort(ring, axis=1)  # NaN last
+    lo = np.take_along_axis(ordered, ((n - 1) // 2)[:, None], 1)[:, 0]
+    hi = np.take_along_axis(ordered, (n // 2)[:, None], 1)[:, 0]
+    return 0.5 * (lo + hi)
+
+
+@dataclass
+class CostTable:
+    """One kind of cost (target steps by tokens, or draft positions by batch size): bucket i is size i + 1."""
+
+    prior: np.ndarray  # (n,) the prior shape, > 0
+    window: int = ONLINE_COST_WINDOW
+    shrink: float = 2.0  # observations' worth of the global ratio in a bucket's estimate
+    bandwidth: float = 0.1  # the neighbourhood a bucket's estimate pools, in log size (~10 % more or fewer tokens)
+    ring: np.ndarray = field(init=False)  # (n, window) the last observations of each bucket, NaN where none yet
+    ratios: np.ndarray = field(init=False)  # the last log(seconds / prior) of any bucket: the global correction
+    count: np.ndarray = field(init=False)  # (n,) observations of each bucket so far
+    observed: int = 0  # observations of this kind so far
+    skipped: int = 0  # observations outside the table (a prefill chunk's hundreds of tokens): not decode steps
+
+    def __post_init__(self) -> None:
+        self.ring = np.full((len(self.prior), self.window), np.nan)
+        self.count = np.zeros(len(self.prior), dtype=np.int64)
+        self.ratios = np.zeros(4 * self.window + 1)
+
+    def observe(self, size: int, seconds: float) -> None:
+        i = size - 1
+        if not 0 <= i < len(self.prior) or not seconds > 0:
+            self.skipped += 1
+            return
+        self.ring[i, self.count[i] % self.window] = seconds
+        self.count[i] += 1
+        self.ratios[self.observed % len(self.ratios)] = np.log(seconds / self.prior[i])
+        self.observed += 1
+
+    def log_ratio(self) -> float | None:
+        """The global correction: the median log(seconds / prior) of the last observations of any bucket (None:
+        none yet)."""
+        n = min(self.observed, len(self.ratios))
+        return float(np.median(self.ratios[:n])) if n else None
+
+    def estimate(self, glob: float | None, fallback_log_ratio: float | None) -> np.ndarray:
+        """(n,) seconds (or the prior's units, when nothing of either kind was observed), non-decreasing. glob: this
+        kind's log_ratio(), fallback: the other kind's."""
+        if glob is None:
+            return self.prior * np.exp(fallback_log_ratio or 0.0)
+        # a bucket speaks for itself from its third observation (the median of three outvotes one outlier, and a
+        # shape's first step is often one: a first use, a compilation); before, its neighbours and the global ratio
+        seen = np.flatnonzero(self.count >= 3)
+        if len(seen) == 0:
+            return _isotonic(self.prior * np.exp(glob), np.ones(len(self.prior)))
+        m = np.minimum(self.count[seen], self.window)
+        own = np.log(_median(self.ring[seen], m) / self.prior[seen])
+        # each observed bucket's log ratio: its neighbours' medians too (sizes within ~bandwidth of its own, by their
+        # counts) and the global ratio at `shrink` observations' worth; the others' interpolated between them
+        size = np.log(np.arange(1, len(self.prior) + 1))
+        near = m * np.exp(-0.5 * ((size[seen][:, None] - size[seen][None, :]) / self.bandwidth) ** 2)
+        ratios = (near @ own + self.shrink * glob) / (near.sum(1) + self.shrink)
+        est = self.prior * np.exp(np.interp(size, size[seen], ratios))  # between them; past them the nearest's
+        weights = np.full(len(est), _UNSEEN_WEIGHT)
+        weights[seen] = np.minimum(self.count[seen], self.window)
+        return _isotonic(est, weights)
+
+
+class OnlineCosts:
+    """The serving process's running cost table: target steps of 1 .. max_batch x (max_window + 1) tokens, draft
+    positions of 1 .. max_batch requests. seed: an offline profile (only its shape survives the first
+    observations), None: the default cost model's shape (a short warm-up sets the scale)."""
+
+    def __init__(
+        self,
+        max_batch: int,
+        max_window: int,
+        seed: CostModel | None = None,
+        window: int = ONLINE_COST_WINDOW,
+        rebuild: int = ONLINE_COST_REBUILD,
+        warmup: int = ONLINE_COST_WARMUP,
+    ) -> None:
+        self.max_batch, self.max_window, self.rebuild, self.warmup = max_batch, max_window, rebuild, warmup
+        self.seed = seed
+        base = seed if seed is not None else CostModel.default(max_window)
+        step_prior = _extend(base.c_step or base.c_t, max_batch * (max_window + 1))
+        if base.c_draft:
+            draft_prior = _extend(base.c_draft, max_batch)
+        else:  # a batched position over b rows, shaped like a target step over b tokens, at c_d for one
+            draft_prior = base.c_d * step_prior[:max_batch] / step_prior[0]
+        self.steps = CostTable(np.maximum(step_prior, 1e-12), window)
+        self.drafts = CostTable(np.maximum(draft_prior, 1e-12), window)
+        self._model: CostModel | None = None
+        self._next_build = 0  # observations (both kinds) at which the cached model is rebuilt
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """One target step (verification, sampling, scheduling) over `tokens` tokens, all requests together."""
+        self.steps.observe(tokens, seconds)
+
+    def observe_draft(self, batch: int, seconds: float) -> None:
+        """One batched draft position for `batch` requests."""
+        self.drafts.observe(batch, seconds)
+
+    @property
+    def observed(self) -> int:
+        return self.steps.observed + self.drafts.observed
+
+    @property
+    def warm(self) -> bool:
+        """Both kinds observed `warmup` times: the table is in this process's seconds (before, a kind may still
+        be the seed's or the default's)."""
+        return self.steps.observed >= self.warmup and self.drafts.observed >= self.warmup
+
+    def cost_model(self) -> CostModel:
+        """The cost model of the table now: rebuilt after 1, 2, 4, 8, ... observations, then every `rebuild`."""
+        n = self.observed
+        if self._model is None or n >= self._next_build:
+            self._model = self._build()
+            self._next_build = n + min(max(n, 1), self.rebuild)
+        return self._model
+
+    def _build(self) -> CostModel:
+        step_ratio, draft_ratio = self.steps.log_ratio(), self.drafts.log_ratio()
+        c_step = self.steps.estimate(step_ratio, draft_ratio)
+        c_draft = self.drafts.estimate(draft_ratio, step_ratio)
+        source = f"online ({self.steps.observed} steps, {self.drafts.observed} draft positions timed)"
+        return CostModel(
+            float(c_draft[0]),
+            tuple(float(x) for x in c_step[: self.max_window + 1]),
+            source,
+            tuple(float(x) for x in c_step),
+            tuple(float(x) for x in c_draft),
+        )
