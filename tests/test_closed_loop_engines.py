@@ -153,7 +153,7 @@ def test_the_governor_falls_back_where_the_draft_never_agrees(capsys):
     nothing; within the governor's bound (its probes, then GOVERNOR_WINDOW rounds) the loop runs k = 0 for a hold
     of GOVERNOR_HOLD rounds at least, says once that drafting does not pay, and the output stays target-only's."""
     target, draft = StubLM(lambda t, i: (t + 1) % 16), StubLM(lambda t, i: (t + 2) % 16)
-    config = DecodeConfig(max_new_tokens=160, max_window=4)
+    config = DecodeConfig(max_new_tokens=224, max_window=4)
     closed = LoopStream()
     res = speculative_generate(target, draft, [3, 5, 7], closed.wrap(ConstantPolicy(4), 4), config)
     ref = target_generate(target, [3, 5, 7], config)
