@@ -387,7 +387,7 @@ def test_collect_train_and_decode_with_the_classifier(tmp_path):
     if report.choice["policy"] == "classifier":
         assert (
             (chosen.rule, chosen.setting)
-            == (art.rule, report.threshold)
+            == (art.rule, report.setting)
             == (report.choice["rule"], report.choice["setting"])
         )
     else:

@@ -93,12 +93,12 @@ def train(cfg: TrainConfig) -> TrainReport:
         best, choice = choose_for_load(learned, val_traces, cost, cfg.max_window, choice)
     importance, abl, tasks, cross = _arms(cfg, data, s, fitted, soft, val_traces, cost, learned, tuned, best)
 
-    threshold = float(best.tuned.best)
+    setting = float(best.tuned.best)  # the chosen rule's setting (a threshold only for the threshold rule)
     metrics = fitted.metrics[best.model_name]
     decoding = _decoding(cfg, data, s, labels, cost, best, tuned)
     report = TrainReport(
         cfg.out,
-        threshold,
+        setting,
         metrics,
         table,
         importance,
@@ -113,7 +113,7 @@ def train(cfg: TrainConfig) -> TrainReport:
         calibration,
     )
     manifest = training_manifest(
-        setting=threshold,
+        setting=setting,
         rule=best.rule,
         choice=choice,
         calibration=models[best.model_name].calibration,

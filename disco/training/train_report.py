@@ -13,7 +13,7 @@ from disco.training.tuning import ALL_BUT, ALL_TASKS
 @dataclass
 class TrainReport:
     out: Path
-    threshold: float
+    setting: float  # the chosen rule's setting (manifest "setting")
     metrics: dict  # validation metrics of the saved model (calibrated)
     table: list[dict]  # policy speedup table (validation prompts, simulated)
     importance: dict[str, float]
