@@ -1,8 +1,8 @@
 """The closed loop in disco's own loop (closed_loop_policy.LoopStream / ClosedLoopPolicy, docs/architecture.md, "Closed
 loop"), on the tiny torch pair and the tiny GGUF pair on llama.cpp: lossless (the output is target-only's), a wrong
 seed (costs ×3 and ×⅓) corrected by the costs the run times, the governor falling back to drafting nothing where
-the draft never agrees, and --closed-loop through the CLI. The side-engine proposer refuses it in one line. The
-modules' own bounds: tests/test_closed_loop.py; on vLLM's draft: tests/test_vllm_closed_loop.py."""
+the draft never agrees, and --closed-loop through the CLI. The modules' own bounds: tests/test_closed_loop.py; on
+vLLM's draft: tests/test_vllm_closed_loop.py; on the side engine: tests/test_vllm_side_closed_loop.py."""
 
 from __future__ import annotations
 
@@ -205,13 +205,3 @@ def test_engines_that_close_their_own_loop_refuse_the_flag():
     assert one_error_line(f"error: {e.value}").startswith("error: --closed-loop runs in disco's own loop")
     assert "DISCO_VLLM_POLICY" in str(e.value)
     check_closed_loop(SimpleNamespace(engine_name="torch"))  # (disco's loop: no refusal)
-
-
-def test_the_side_engine_proposer_refuses_the_closed_loop_in_one_line(monkeypatch):
-    from disco.vllm.settings import ENV
-    from disco.vllm.side import _load_shared_from_env
-
-    monkeypatch.setenv(ENV, '{"policy": {"name": "threshold"}, "closed_loop": true}')
-    with pytest.raises(DiscoError, match="not on the side-engine proposer yet") as e:
-        _load_shared_from_env()
-    assert "\n" not in str(e.value) and "vLLM's own draft" in str(e.value)

@@ -1,6 +1,8 @@
-"""The closed loop (online.closed_loop.ClosedLoop) in disco's own loop (loop/decode.py): one request at a time,
-batch 1, through the StoppingPolicy calls alone (docs/architecture.md, "Closed loop"). A policy wrapper, so it sits
-with the policies, above the closed loop's parts."""
+"""The closed loop (online.closed_loop.ClosedLoop) through the StoppingPolicy calls (docs/architecture.md, "Closed
+loop"): each request's policy under the loop's decisions (LoopDecisions: the side-engine proposer's requests, timed by
+the proposer's batched steps), and in disco's own loop (loop/decode.py: one request at a time, batch 1) the same timed
+from the calls alone (ClosedLoopPolicy, LoopStream). Policy wrappers, so they sit with the policies, above the closed
+loop's parts."""
 
 from __future__ import annotations
 
@@ -42,21 +44,18 @@ class LoopStream:
         return ClosedLoopPolicy(policy, self.loop)
 
 
-class ClosedLoopPolicy(PolicyBase):
-    """A policy under the closed loop in disco's loop (decode.speculative_generate), through the StoppingPolicy
-    calls alone, so the round is the same with the loop on or off:
+class LoopDecisions(PolicyBase):
+    """A policy under a closed loop's decisions, timed by its caller (online.closed_loop.ClosedLoop): before each
+    window the caller hands it the loop's fixed length for the window, if any, and the running costs (`choose`).
 
-    - it times the round from those calls: a draft position from one token's decision to the next (the position's
-      forward and the last decision; on a GPU read once the token is on the host), the target's verification from
-      the window's last decision to update() (the forward, the acceptance, the commit, the policy's update) by the
-      window's tokens (drafted + 1), the round from one update to the next for the governor; a round that drafted
-      nothing is closed at the next drafts(); position 1 is timed only after a round that drafted (else it also
-      fills the draft's cache: its prefill in a request's first window, the tokens of rounds that drafted nothing);
-    - before each window the inner policy gets the running cost table as its `cost` (what the classifier's cost
-      rules read), and its P(accept) passes through the online calibration at the token's window position; each
-      window the inner policy decided teaches the calibration its verified outcome;
-    - the fixed length the closed loop chooses (a warm-up probe, the governor's) replaces the inner policy's
-      decisions for that window; the inner policy still learns every outcome (update)."""
+    - the fixed length (a warm-up probe, the governor's) replaces the inner policy's decisions for that window; the
+      inner policy still learns every outcome (update);
+    - else the inner policy decides, by the running costs if it reads a cost model (`cost`: the classifier's cost
+      rules), its P(accept) passed through the online calibration at the token's window position; each window it
+      decided teaches the calibration its verified outcome.
+
+    ClosedLoopPolicy (disco's loop, one request) times the round from these calls itself; the side-engine proposer
+    (vllm/side.py) times its batched steps and hands each request's policy the step's choice."""
 
     def __init__(self, inner: StoppingPolicy, loop: ClosedLoop) -> None:
         self.inner, self.loop = inner, loop
@@ -64,38 +63,23 @@ class ClosedLoopPolicy(PolicyBase):
         self._fixed: int | None = None  # this window's fixed length (None: the inner policy decides)
         self._p: list[float] = []  # the model's own P(accept) of this window's tokens (the calibration's input)
         self._pos = 0  # the window position of the token being decided
-        self._mark = 0.0  # when the span being timed began (the last decision, or the window's start)
-        self._begun = False  # this request's first drafts() was asked
-        self._pending = False  # a round that drafted nothing waits to be closed at the next drafts()
-        self._drafted = False  # the last round drafted (the draft's cache is current but for 1-2 tokens)
+
+    def choose(self, fixed: int | None, cost: CostModel | None) -> None:
+        """The next window: drafted at the fixed length `fixed` (0: none), or (None) by the inner policy, with
+        `cost` as its cost model if it reads one."""
+        self._fixed = fixed
+        if fixed is None and cost is not None and hasattr(self.inner, "cost"):
+            self.inner.cost = cost
 
     def drafts(self) -> bool:
-        now = time.perf_counter()
-        if not self._begun:
-            self.loop.begin(now)
-            self._begun = True
-        elif self._pending:
-            self._close(now, 0, 0)
-        self._fixed = self.loop.override(1)
-        if self._fixed is None and hasattr(self.inner, "cost"):  # a policy that decides by a cost model
-            self.inner.cost = self.loop.cost_model()
-        drafts = self._fixed > 0 if self._fixed is not None else self.inner.drafts()
-        self._mark = time.perf_counter()
-        if not drafts:  # a target-only round: drafting is over at once
-            self.loop.ended(self._mark)
-            self._pending = True
-        return drafts
+        return self._fixed > 0 if self._fixed is not None else self.inner.drafts()
 
     def start(self) -> None:
         self.inner.start()
         self._p = []
 
     def decide(self, step: Any) -> Decision:
-        int(step.token)  # (the host waits for the position's forward: its time is its own on a GPU too)
-        now = time.perf_counter()
-        if step.window_pos > 1 or self._drafted:
-            self.loop.position(1, now - self._mark)
-        self._mark, self._pos = now, step.window_pos
+        self._pos = step.window_pos
         if self._fixed is not None:
             return step.window_pos >= self._fixed
         return (yield from self.inner.decide(step))
@@ -116,6 +100,54 @@ class ClosedLoopPolicy(PolicyBase):
             calibration.observe_windows(
                 torch.tensor([self._p], dtype=torch.float64), torch.tensor([n_drafted]), torch.tensor([n_accepted])
             )
+
+
+class ClosedLoopPolicy(LoopDecisions):
+    """A policy under the closed loop in disco's loop (decode.speculative_generate), through the StoppingPolicy
+    calls alone, so the round is the same with the loop on or off: LoopDecisions' decisions, and the timing of the
+    round from those calls:
+
+    - a draft position from one token's decision to the next (the position's forward and the last decision; on a
+      GPU read once the token is on the host), the target's verification from the window's last decision to
+      update() (the forward, the acceptance, the commit, the policy's update) by the window's tokens (drafted + 1),
+      the round from one update to the next for the governor; a round that drafted nothing is closed at the next
+      drafts(); position 1 is timed only after a round that drafted (else it also fills the draft's cache: its
+      prefill in a request's first window, the tokens of rounds that drafted nothing);
+    - before each window the loop's choice (ClosedLoop.override at batch 1) and its running cost table."""
+
+    def __init__(self, inner: StoppingPolicy, loop: ClosedLoop) -> None:
+        super().__init__(inner, loop)
+        self._mark = 0.0  # when the span being timed began (the last decision, or the window's start)
+        self._begun = False  # this request's first drafts() was asked
+        self._pending = False  # a round that drafted nothing waits to be closed at the next drafts()
+        self._drafted = False  # the last round drafted (the draft's cache is current but for 1-2 tokens)
+
+    def drafts(self) -> bool:
+        now = time.perf_counter()
+        if not self._begun:
+            self.loop.begin(now)
+            self._begun = True
+        elif self._pending:
+            self._close(now, 0, 0)
+        fixed = self.loop.override(1)
+        self.choose(fixed, self.loop.cost_model() if fixed is None else None)
+        drafts = super().drafts()
+        self._mark = time.perf_counter()
+        if not drafts:  # a target-only round: drafting is over at once
+            self.loop.ended(self._mark)
+            self._pending = True
+        return drafts
+
+    def decide(self, step: Any) -> Decision:
+        int(step.token)  # (the host waits for the position's forward: its time is its own on a GPU too)
+        now = time.perf_counter()
+        if step.window_pos > 1 or self._drafted:
+            self.loop.position(1, now - self._mark)
+        self._mark = now
+        return (yield from super().decide(step))
+
+    def update(self, n_drafted: int, n_accepted: int, signals: Signals | None = None) -> None:
+        super().update(n_drafted, n_accepted, signals)
         self.loop.ended(self._mark)  # drafting ended with the window's last decision
         self._close(time.perf_counter(), n_drafted, n_accepted)
 

@@ -60,8 +60,9 @@ class _AllStopped(Exception):
 _CLASS: list[type] = []  # DiscoDraftProposer, once defined
 
 
-# what the governor's "drafting does not pay" adds under vLLM (its speculative path costs a little with no draft)
-_SERVE_BARE = " (serving without --speculative-config would be faster still)"
+# what the governor's "drafting does not pay" adds under vLLM, on either proposer (its speculative path costs a little
+# with no draft: custom_class also turns async scheduling off)
+SERVE_BARE = " (serving without --speculative-config would be faster still)"
 
 
 def proposer_class() -> type:
@@ -150,7 +151,7 @@ class _DiscoDraft:
             self.never_drafts = False
             self.loop = ClosedLoop(
                 load, most, self._k_most(), self.device, calibrate=isinstance(self.policy, BatchClassifier),
-                idle_position=True, say=lambda line: PROCESS.say_once("governor", f"disco: {line}{_SERVE_BARE}"),
+                idle_position=True, say=lambda line: PROCESS.say_once("governor", f"disco: {line}{SERVE_BARE}"),
                 skip_idle=True,
             )  # fmt: skip
             if self.loop.calibration is not None:

@@ -37,6 +37,7 @@ class Shared:
     pair: Any = None  # the pair.Pair: the draft engine, the tokenizer (token classes), the names the artifact checks
     policy: PolicySpec = field(default_factory=lambda: PolicySpec("threshold"))
     load: CostModel | None = None  # a vLLM load profile (c_step): the cost rules decide per batch
+    closed_loop: bool = False  # costs measured in the process (`load` only seeds them), calibration, governor
     proposer: Any = None  # the live side.DiscoProposer (the runner reads its counts)
     # keep finished requests' counts until asked for (in-process compare, profile, generate); under `vllm serve`
     # nothing is kept per finished request (memory stays flat however many it serves)

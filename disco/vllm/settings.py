@@ -68,7 +68,12 @@ def settings_from_env() -> Settings:
     policy = data.get("policy") or {"name": "threshold"}
     # (this machine's profile of this proposer, of several; one line when there is none)
     load = LoadProfiles(data["profile"]).choose(VLLM_DRAFT) if data.get("profile") else None
+    return Settings(PolicySpec(**policy), load, closed_loop=closed_loop(data))
+
+
+def closed_loop(data: dict) -> bool:
+    """The settings' "closed_loop" (both proposers'), one line when it is not true or false."""
     closed = data.get("closed_loop", False)
     if not isinstance(closed, bool):
         raise DiscoError(f'{ENV}: "closed_loop" is true or false, not {closed!r}')
-    return Settings(PolicySpec(**policy), load, closed_loop=closed)
+    return closed

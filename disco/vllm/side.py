@@ -19,6 +19,15 @@ Load awareness: given a vLLM load profile (`disco profile --engine vllm`: the ta
 tokens in the step), the cost rules decide with the cost model of the batch they are in (CostModel.at_load):
 a request's extra draft token costs what it adds to the whole step, so under load they draft less or not at all.
 
+The closed loop ("closed_loop": true in the settings; docs/architecture.md, "Closed loop"): the proposer times
+vLLM's target step (from the end of its drafting to the next propose, by the tokens the step ran) and its own draft
+positions (a batched one by the requests in it; on sessions, the sum of the requests' at that position) into the
+running cost table (online.closed_loop.ClosedLoop; `profile` only seeds it), each request's policy decides under
+the loop (closed_loop_policy.LoopDecisions: the running costs at this batch, P(accept) recalibrated from what vLLM
+verified), and once a step the loop may fix the length for every request (a warm-up probe, the governor's choice).
+The governor's k = 0 drafts nothing and feeds the draft nothing: a request's draft catches up lazily at its next
+window (position 1 feeds what it lacks), so "off" costs vLLM's speculative path alone, and it says so once.
+
 The policy and pair come from the process (the vLLM runner sets them in process.PROCESS.side: vLLM's engine core
 runs in-process) or, under
 `vllm serve`, from the JSON file named by DISCO_VLLM_POLICY (README, "Serving with vLLM").
@@ -27,6 +36,7 @@ runs in-process) or, under
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +51,16 @@ from disco.core.load_profiles import SIDE_ENGINE, LoadProfiles
 from disco.core.stats import GenStats
 from disco.engines.base import BatchedDraft
 from disco.loop.decode import DecodeConfig, Drafter
+from disco.online.closed_loop import ClosedLoop
+from disco.policies.classifier import ClassifierPolicy
+from disco.policies.closed_loop_policy import LoopDecisions
 from disco.policies.policy import StoppingPolicy, decide_now
 from disco.policies.policy_registry import PolicySpec
 from disco.policies.rounds import decide_token, draft_window, end_round, leading_run, opens_window
+from disco.vllm.draft import SERVE_BARE
 from disco.vllm.engine import PROPOSER
 from disco.vllm.process import PROCESS, is_request
-from disco.vllm.settings import ENV, read_settings
+from disco.vllm.settings import ENV, closed_loop, read_settings
 
 __all__ = ["ENV", "PROPOSER", "DiscoProposer"]
 GREEDY = DecodeConfig()  # the proposer drafts each request's most likely tokens (vLLM verifies, also when sampling)
@@ -77,6 +91,7 @@ class DiscoProposer:
     @said_in_one_line()  # under `vllm serve` vLLM shows a refused setting as a traceback: the line comes first
     def __init__(self, vllm_config: Any) -> None:
         self.k_max = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_seqs = int(vllm_config.scheduler_config.max_num_seqs)  # the most requests in a step
         if PROCESS.side.pair is None:
             _load_shared_from_env()
         assert PROCESS.side.pair is not None
@@ -84,15 +99,17 @@ class DiscoProposer:
         self.requests: dict[str, _Request] = {}  # the running requests, by vLLM request id
         self.batch: BatchedDraft | None = None  # every request's draft sequence (None: a session per request)
         self.spare_engines: list[Any] = [self.pair.draft]  # draft engines not held by a request
-        self._view: CostModel | None = None
-        self.set_policy(PROCESS.side.policy, PROCESS.side.load)
+        self.set_policy(PROCESS.side.policy, PROCESS.side.load, PROCESS.side.closed_loop)
         PROCESS.side.proposer = self
 
     def load_model(self, *args, **kwargs) -> None:
         pass  # vLLM hands over its target; the draft is disco's own engine (loaded with the pair)
 
-    def set_policy(self, spec: PolicySpec, load: CostModel | None = None) -> None:
-        """Decide with `spec` from now on (compare's rows switch it between runs); requests start afresh."""
+    def set_policy(self, spec: PolicySpec, load: CostModel | None = None, closed_loop: bool = False) -> None:
+        """Decide with `spec` from now on (compare's rows switch it between runs); requests start afresh.
+        closed_loop: the costs the rules read are measured in this process (`load` only seeds them), a classifier's
+        P(accept) is recalibrated from what vLLM verified, and a governor falls back to a fixed length (or none)
+        when the policy loses to one (online.closed_loop.ClosedLoop)."""
         if spec.kind.needs_target_tokens:
             raise DiscoError(f"the {spec.name} policy needs the target's output in advance: not in vLLM")
         self.spec, self.load = spec, load
@@ -113,12 +130,27 @@ class DiscoProposer:
         self.finished: dict[str, GenStats] = {}  # keep_stats: finished requests' counts, by request id
         self.decide_s = 0.0  # in the policy (features, model, rule): the decision-cost figure
         self.forward_s = 0.0  # in draft forwards
+        self.n_forwards = 0  # draft forwards run (a batched position is one)
+        self.loop: ClosedLoop | None = None
+        if closed_loop:
+            # (k = 0 runs no draft position here: the draft catches up at the next window, so idle_position is off)
+            self.loop = ClosedLoop(
+                load, self.max_seqs, self.k_max, torch.device("cpu"), isinstance(self._template, ClassifierPolicy),
+                idle_position=False, say=lambda line: PROCESS.say_once("governor:side", f"disco: {line}{SERVE_BARE}"),
+            )  # fmt: skip
+            seed = "the profile's" if load is not None else "a warm-up's"
+            PROCESS.say_once(
+                "closed loop:side",
+                f"disco: the {spec.name} policy decides on the side engine under the closed loop (costs measured here "
+                f"from {seed} start, calibration, governor)",
+            )
 
     def _policy(self) -> StoppingPolicy | None:
         t = self._template
         if t is None:
             return None
-        return t.fresh() if hasattr(t, "fresh") else self.spec.build(pair=self.pair, max_window=self.k_max)
+        policy = t.fresh() if hasattr(t, "fresh") else self.spec.build(pair=self.pair, max_window=self.k_max)
+        return LoopDecisions(policy, self.loop) if self.loop is not None else policy
 
     def _release(self, rid: str) -> None:
         """A request vLLM no longer holds (finished or aborted): its draft sequence or engine is free again."""
@@ -165,24 +197,26 @@ class DiscoProposer:
         """Each running request's draft tokens for this step (vLLM 0.32's custom_class interface: row i's
         tokens so far are token_ids_cpu[i, :num_tokens_no_spec[i]], this step's sampled ones included; its
         request id comes from the runner, process.PROCESS.batch_requests)."""
+        t0 = time.perf_counter()
         ids, alive = PROCESS.batch_requests(len(sampled_token_ids))
         for gone in [rid for rid in self.requests if rid not in alive]:
             self._release(gone)
-        self._view = load_view(self.load, sum(1 for s in sampled_token_ids if s), self.k_max)
         out: list[list[int]] = [[] for _ in sampled_token_ids]  # a request still in its prompt: nothing to draft
         work: list[tuple[int, _Request, np.ndarray]] = []
         for i, (rid, sampled, n) in enumerate(zip(ids, sampled_token_ids, num_tokens_no_spec)):
             if sampled:
                 ctx = token_ids_cpu[i, : int(n)]
-                r = self._request(rid, ctx)
-                self._begin(r, ctx)
-                work.append((i, r, ctx))
-        t0, forward_s = time.perf_counter(), 0.0
+                work.append((i, self._request(rid, ctx), ctx))
+        verified = [self._verified(r, ctx) for _, r, ctx in work]
+        fixed, view = self._choice(t0, len(sampled_token_ids), verified)
+        for _, r, ctx in work:
+            self._begin(r, ctx, fixed, view)
+        t1, forward_s = time.perf_counter(), 0.0
         if self.batch is not None:
             forward_s = self._draft_batched([r for _, r, _ in work])
         else:
-            forward_s = sum(self._draft(r) for _, r, _ in work)
-        self.decide_s += time.perf_counter() - t0 - forward_s
+            forward_s = self._draft_each([r for _, r, _ in work])
+        self.decide_s += time.perf_counter() - t1 - forward_s
         self.forward_s += forward_s
         for i, r, ctx in work:
             window = [int(t) for t in r.drafter.tokens]
@@ -190,18 +224,40 @@ class DiscoProposer:
                 r.fed = np.concatenate([ctx.astype(np.int64), np.asarray(window[:-1], dtype=np.int64)])
             r.proposed, r.n_before = window, len(ctx)
             out[i] = window
+        if self.loop is not None:
+            self.loop.ended(time.perf_counter())  # the target step starts
         return out
 
-    def _begin(self, r: _Request, ctx: np.ndarray) -> None:
-        """A request's round up to its drafting: (5) tell its policy how much of the last window vLLM kept, roll
-        its draft back to the tokens vLLM kept, set this step's cost view and window limit."""
-        if r.proposed:
-            kept = ctx[r.n_before : r.n_before + len(r.proposed)]
-            accepted = leading_run(torch.from_numpy(kept == np.asarray(r.proposed[: len(kept)])))
-            end_round(r.policy, r.stats, len(r.proposed), accepted, None)  # vLLM keeps the target's logits
-            r.proposed = []
-        if self._view is not None and isinstance(getattr(r.policy, "cost", None), CostModel):
-            r.policy.cost = self._view  # type: ignore[union-attr]  # the batch this step is in
+    def _verified(self, r: _Request, ctx: np.ndarray) -> tuple[int, int]:
+        """(5) Tell a request's policy how much of its last window vLLM kept (the leading run of its tokens that the
+        request's tokens now hold); returns the window's drafted and accepted lengths (0, 0: it had none)."""
+        if not r.proposed:
+            return 0, 0
+        kept = ctx[r.n_before : r.n_before + len(r.proposed)]
+        accepted = leading_run(torch.from_numpy(kept == np.asarray(r.proposed[: len(kept)])))
+        end_round(r.policy, r.stats, len(r.proposed), accepted, None)  # vLLM keeps the target's logits
+        drafted, r.proposed = len(r.proposed), []
+        return drafted, accepted
+
+    def _choice(self, t0: float, rows: int, verified: list[tuple[int, int]]) -> tuple[int | None, CostModel | None]:
+        """This step's fixed length for every request (None: each policy decides) and the cost rules' model at this
+        batch: the load profile's, or under the closed loop the running table's, after it has taken in the target
+        step that just ran (vLLM's, over all `rows`' tokens, from the end of the last drafting to `t0`) and the
+        outcomes of the windows it verified."""
+        batch = len(verified)
+        if self.loop is None:
+            return None, load_view(self.load, batch, self.k_max)
+        self.loop.step(t0, _step_tokens(rows), [d for d, _ in verified], [a for _, a in verified])
+        fixed = self.loop.override(batch) if batch else None
+        return fixed, load_view(self.loop.cost_model(), batch, self.k_max) if fixed is None else None
+
+    def _begin(self, r: _Request, ctx: np.ndarray, fixed: int | None, view: CostModel | None) -> None:
+        """A request's round up to its drafting: set this step's choice (the closed loop's fixed length, the cost
+        view of the batch it is in), roll its draft back to the tokens vLLM kept, set its window limit."""
+        if isinstance(r.policy, LoopDecisions):
+            r.policy.choose(fixed, view)
+        elif view is not None and isinstance(getattr(r.policy, "cost", None), CostModel):
+            r.policy.cost = view  # type: ignore[union-attr]  # the batch this step is in
         m = min(len(r.fed), len(ctx))
         agree = r.fed[:m] == ctx[:m]
         same = m if agree.all() else int(np.argmin(agree))  # the draft's tokens still on the request's path
@@ -216,15 +272,32 @@ class DiscoProposer:
         r.drafter.begin(torch.from_numpy(ctx.astype(np.int64)))
         r.k_max = min(self.k_max, self.pair.context_length - len(ctx) - 1)
 
-    def _draft(self, r: _Request) -> float:
+    def _draft_each(self, work: list[_Request]) -> float:
+        """(1) Each request's window on its own session, one after another (_draft); to the closed loop a position
+        over the requests drafting at it costs the sum of theirs (what one batched position is to the batched draft).
+        Returns the seconds in draft forwards."""
+        rows: dict[int, int] = defaultdict(int)  # position -> the requests that drafted it ...
+        seconds: dict[int, float] = defaultdict(float)  # ... and their forwards' seconds
+        forward_s = sum(self._draft(r, rows, seconds) for r in work)
+        if self.loop is not None:
+            for pos in sorted(rows):
+                if pos > 1:  # (position 1 also feeds what the request's draft lacks: vLLM's kept and sampled tokens)
+                    self.loop.position(rows[pos], seconds[pos])
+        return forward_s
+
+    def _draft(self, r: _Request, rows: dict[int, int], seconds: dict[int, float]) -> float:
         """(1) One request's window on its own session, the policy deciding after each token (rounds.draft_window,
-        disco's loop's code); returns the seconds spent in draft forwards."""
+        disco's loop's code); adds each position's forward to rows / seconds; returns its seconds in draft forwards."""
         forward_s = [0.0]
 
         def propose(pos: int):
             t = time.perf_counter()
             step = r.drafter.propose(pos)
-            forward_s[0] += time.perf_counter() - t
+            took = time.perf_counter() - t
+            forward_s[0] += took
+            rows[pos] += 1
+            seconds[pos] += took
+            self.n_forwards += 1
             return step
 
         decide_now(draft_window(r.policy, r.k_max, propose, r.stats), r.policy)
@@ -243,7 +316,11 @@ class DiscoProposer:
         while live:
             t = time.perf_counter()
             rows = self.batch.feed(feeds, hidden)
-            forward_s += time.perf_counter() - t
+            took = time.perf_counter() - t
+            forward_s += took
+            self.n_forwards += 1
+            if self.loop is not None and pos > 1:  # (position 1 also feeds what each request's sequence lacks)
+                self.loop.position(len(live), took)
             going = []
             for r in live:
                 assert r.policy is not None
@@ -257,15 +334,17 @@ class DiscoProposer:
         return forward_s
 
 
+def _step_tokens(rows: int) -> int:
+    """The tokens of the target step that just ran, its `rows` requests together: the end of the runner's
+    query_start_loc, which it fills for the step it runs (vLLM 0.32 gpu_model_runner.py ~2029; settings.SUPPORTED_VLLM;
+    a custom_class proposer is not handed the scheduler's count)."""
+    return int(PROCESS.runner.query_start_loc.np[rows])
+
+
 def _load_shared_from_env() -> None:
     """`vllm serve` with disco's proposer: the pair and policy named by the DISCO_VLLM_POLICY JSON."""
     settings = read_settings()  # (the same file as the proposer on vLLM's draft reads, with the side pair)
-    if settings.get("closed_loop"):  # (the closed loop times vLLM's draft and disco's loop, not this proposer yet)
-        raise DiscoError(
-            f'{ENV}: "closed_loop" runs on vLLM\'s own draft (a draft model in --speculative-config: '
-            "disco.vllm.draft) and in disco's own loop (disco generate --closed-loop), not on the side-engine "
-            'proposer yet: drop "closed_loop", or serve with a draft model on vLLM\'s draft'
-        )
+    PROCESS.side.closed_loop = closed_loop(settings)
     from disco.base.options import PairOptions
     from disco.loop.pair import load_pair
 
