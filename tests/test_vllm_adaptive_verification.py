@@ -125,8 +125,8 @@ def test_budget_policies_need_a_load_profile(pair, spec):
         DiscoError, match="adaptive-verification policy sizes each step's verification from vLLM's load profile"
     ):
         proposer.set_policy(PolicySpec("adaptive-verification", k=K))
-    with pytest.raises(DiscoError, match="runs on vLLM's draft"):
-        PolicySpec("learned-budget", k=K).build()  # (no form for disco's one-request loop)
+    with pytest.raises(DiscoError, match="learned-budget policy needs a trained artifact"):
+        PolicySpec("learned-budget", k=K).build()  # (its one-request form in disco's loop: tests/test_loop_budget.py)
 
 
 def test_compare_rows_on_vllms_draft(pair, tmp_path, capsys):

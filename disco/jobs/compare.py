@@ -65,7 +65,8 @@ class Entry:
 
 
 # vLLM's adaptive verification re-implemented (adaptive_verification.BatchAdaptiveVerification) and disco's learned
-# budget (BatchLearnedBudget), on vLLM's draft: rows "vllm draft + LABEL" (vllm/stages.serving_rows)
+# budget (BatchLearnedBudget), on vLLM's draft: rows "vllm draft + LABEL" (vllm/stages.serving_rows); in disco's
+# loop (torch, llama.cpp) their one-request forms (loop_budget.py), rows LABEL
 ADAPTIVE_LABEL = "adaptive verification (vLLM 0.32 method)"
 LEARNED_BUDGET_LABEL = "learned budget"
 # the rows that also run in each of the engine's variants: the tuned rules and the bound
@@ -126,8 +127,14 @@ def default_entries(
             )
     for other in more_classifiers:
         entries.insert(-1, Entry(f"classifier ({Path(other).name})", PolicySpec("classifier", classifier=other)))
-    if pair is not None and ENGINE_KINDS[pair.engine_name].serving:  # a budget of the batch's slots: vLLM's draft
-        entries.insert(-1, Entry(ADAPTIVE_LABEL, PolicySpec("adaptive-verification", k=DEFAULT_BUDGET_K)))
+    # the budget policies: on vLLM's draft a budget of the batch's slots (priced by the load profile); in disco's
+    # loop a budget of the window (loop_budget.py), priced by the artifact's cost model, so only given one
+    serving = pair is not None and ENGINE_KINDS[pair.engine_name].serving
+    if serving or classifier is not None:
+        priced_by = None if serving else classifier
+        entries.insert(
+            -1, Entry(ADAPTIVE_LABEL, PolicySpec("adaptive-verification", k=DEFAULT_BUDGET_K, classifier=priced_by))
+        )
         if classifier is not None:
             budget = PolicySpec("learned-budget", classifier=classifier, k=DEFAULT_BUDGET_K)
             entries.insert(-1, Entry(LEARNED_BUDGET_LABEL, budget))

@@ -35,7 +35,7 @@ from disco.loop.engine_registry import check_compatible, loop_engine
 from disco.policies.closed_loop_policy import LoopStream
 from disco.policies.policy import DraftStep, StoppingPolicy, decide_now
 from disco.policies.policy_registry import PolicySpec
-from disco.policies.rounds import commit, draft_window, end_round, leading_run, window_limit
+from disco.policies.rounds import commit, draft_window, end_round, leading_run, verified_count, window_limit
 
 __all__ = ["DecodeConfig", "GenResult", "GenStats", "generate", "speculative_generate", "target_generate", "warp"]
 
@@ -180,23 +180,24 @@ def speculative_generate(
     out: list[int] = []
 
     while len(out) < config.max_new_tokens:
-        # 1. Draft: up to k_max tokens, the policy deciding after each one.
+        # 1. Draft: up to k_max tokens, the policy deciding after each one; trim to the v it verifies.
         drafter.begin(ids)
         k_max = window_limit(max_window, config.max_new_tokens, len(out))
         k = decide_now(draft_window(policy, k_max, drafter.propose, stats), policy)
+        v = verified_count(policy, k)  # the first v drafts go to verification (a budget policy trims)
 
-        # 2. Verify: one target forward over the pending token(s) and every draft token.
-        draft_ids = drafter.window()
-        t_logits = target_session.forward(torch.cat([target_session.unseen(ids), draft_ids]), k + 1)
+        # 2. Verify: one target forward over the pending token(s) and the v draft tokens.
+        draft_ids = drafter.window()[:v]
+        t_logits = target_session.forward(torch.cat([target_session.unseen(ids), draft_ids]), v + 1)
 
         # 3. Accept: the longest agreeing prefix, then the target's own next token.
         if greedy:
-            target_tokens = t_logits.argmax(-1)  # (k + 1,)
-            n = leading_run(draft_ids == target_tokens[:k])
+            target_tokens = t_logits.argmax(-1)  # (v + 1,)
+            n = leading_run(draft_ids == target_tokens[:v])
             next_tok = target_tokens[n]
         else:
-            p = warp(t_logits, config.temperature, config.top_p)  # (k + 1, vocab)
-            n, next_tok = _rejection_sample(p, drafter.q_rows, draft_ids, gen)
+            p = warp(t_logits, config.temperature, config.top_p)  # (v + 1, vocab)
+            n, next_tok = _rejection_sample(p, drafter.q_rows[:v], draft_ids, gen)
         new = torch.cat([draft_ids[:n], next_tok.view(1)])
 
         # 4. Commit (stopping at EOS and the token budget), roll both caches back.
@@ -210,9 +211,9 @@ def speculative_generate(
             drafter.session.truncate(len(ids) - 1)
 
         # 5. Record: what the target said at its own token (computed only if the policy reads it).
-        q_next = drafter.q_rows[n] if n < k else None
+        q_next = drafter.q_rows[n] if n < v else None
         signals = lambda: target_signals(warp(t_logits[n], config.temperature, config.top_p), next_tok, q_next)  # noqa: E731
-        end_round(policy, stats, k, n, signals)
+        end_round(policy, stats, k, n, signals, verified=v)
         if new_list and new_list[-1] in eos_token_ids:
             break
 

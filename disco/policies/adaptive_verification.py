@@ -510,8 +510,8 @@ class LearnedBudget:
     with disco's confidences). Tensor operations only: the caller's one host sync per position (whether any
     request drafts on) decides."""
 
-    def __init__(self, cost: CostModel, k: int, stop_drafting: bool = True) -> None:
-        if not cost.c_step:
+    def __init__(self, cost: CostModel | CostTables, k: int, stop_drafting: bool = True) -> None:
+        if isinstance(cost, CostModel) and not cost.c_step:  # (CostTables: given as vLLM's tables, loop_budget.py)
             raise DiscoError(f"the learned budget needs a load profile (c_step): {cost.source} has none")
         self.cost, self.k, self.stop_drafting = cost, k, stop_drafting
 

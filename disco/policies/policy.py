@@ -11,6 +11,9 @@ Every policy implements the same calls (docs/architecture.md, "Policies"; `Polic
                                   called after the target verified the window; `signals()` gives
                                   what the target said at the token it chose (features.TargetSignals),
                                   computed only if the policy calls it
+    trim(drafted) -> int          optional, after the window's last draft (rounds.verified_count): how many of
+                                  the drafted tokens, the first ones, the target verifies (loop_budget.py);
+                                  a policy without it verifies them all
 
 The decoding loop owns the hard limits (max window, tokens left to generate); a policy only
 decides to stop early. A policy's knobs are checked once, by policy_registry.PolicySpec (ranges: settings.py);
@@ -64,6 +67,10 @@ class DraftStep:
     def entropy(self) -> float:
         """Entropy (nats) of the draft distribution the token was drawn from (a host sync)."""
         return float(entropy(self.probs))
+
+    def top1(self) -> float:
+        """The draft distribution's top-1 probability q* (vLLM's acceptance estimator's input; a host sync)."""
+        return float(self.probs.max())
 
     def token_features(self, token_classes: torch.Tensor | None) -> torch.Tensor:
         """features.TOKEN_FEATURES of this token (what a learned policy reads; the simulator's steps

@@ -28,6 +28,7 @@ from disco.base.settings import check_setting
 from disco.policies.adaptive_verification import BatchAdaptiveVerification, BatchLearnedBudget
 from disco.policies.batch_policy import BatchClassifier, BatchConstant, BatchPolicy, BatchTarget, BatchThreshold
 from disco.policies.classifier import ClassifierPolicy, chosen_rule
+from disco.policies.loop_budget import LoopAdaptiveVerification, LoopLearnedBudget
 from disco.policies.policy import (
     AdaEDLPolicy,
     ConstantPolicy,
@@ -49,13 +50,17 @@ class PolicySpec:
     """A policy by name plus its knobs: what the CLI and `disco compare` pass around."""
 
     name: str = DEFAULT_POLICY  # one of POLICY_NAMES
-    k: int = DEFAULT_K  # constant: window length; heuristic: starting window length
+    k: int = (
+        DEFAULT_K  # constant: window length; heuristic: starting window length; the budget policies: the most drafted
+    )
     threshold: float = DEFAULT_THRESHOLD  # threshold: stop after a token with draft probability below this
     adaptive: bool = False  # threshold: transformers' ROC update of the threshold after each window
     lam: float = ADAEDL_LAMBDA  # adaedl: (initial) lower bound on acceptance below which drafting stops
     lam_adaptive: bool = True  # adaedl: the paper's update of lambda after each round
     h: float = SVIP_H  # svip: stop when sqrt(c * entropy) exceeds this
-    classifier: str | None = None  # classifier: path of the trained artifact
+    # classifier, learned-budget: path of the trained artifact (in disco's loop the budget policies price their
+    # verification widths with its cost model)
+    classifier: str | None = None
     # classifier: override the tuned setting of its rule (rules.py: a probability for token/cumulative, a rate for
     # the cost rules). One name: the CLI's --classifier-setting, the manifest's "setting", the rules' `setting`
     classifier_setting: float | None = None
@@ -119,7 +124,8 @@ class PolicyKind:
     # the knobs the batched form takes (PolicySpec.runs_batched: compare skips the row, the proposer refuses)
     batched_when: Callable[[PolicySpec], bool] = lambda spec: True
     # verifies a budget of the batch's best draft slots (adaptive_verification.BudgetPolicy): on vLLM's draft only
-    # (no per-request form: `build` refuses), and only under a load profile (its cost tables)
+    # (not the side engine), and only under a load profile (its cost tables); in disco's loop `build` gives its
+    # one-request form (loop_budget.py)
     batch_budget: bool = False
 
 
@@ -184,10 +190,38 @@ def _budget(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
 
 
 def _budget_loop(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
-    raise DiscoError(
-        f"the {spec.name} policy verifies a budget of a batch's best draft slots: it runs on vLLM's draft "
-        "(--engine vllm with a draft folder, or vllm serve with DISCO_VLLM_POLICY), not in disco's one-request loop"
-    )
+    """vLLM 0.32's adaptive verification or disco's learned budget in disco's one-request loop (loop_budget.py),
+    drafting up to spec.k and pricing each verification width by the loop's cost model: the simulator's (ctx.cost),
+    else the artifact's (the profile `disco train` priced with, as the classifier's cost rules read it). The
+    learned budget's estimator: the simulator's model (ctx.model), else the artifact's."""
+    from disco.policies.artifact import load_artifact
+
+    sampled = ctx.sampling is not None and ctx.sampling[0] > 0
+    live = ctx.model is None
+    if live and spec.name == "learned-budget" and spec.classifier is None:
+        raise DiscoError(f"the {spec.name} policy needs a trained artifact: pass --classifier models/NAME")
+    artifact: Any = None  # (an Artifact: a Predictor, as ClassifierPolicy.for_pair passes it)
+    if live and spec.classifier is not None:
+        artifact = load_artifact(spec.classifier, expect_pair=ctx.pair, trust_pickle=spec.trust_pickle)
+    cost = ctx.cost if ctx.cost is not None else artifact.cost_model() if artifact is not None else None
+    if cost is None:
+        fix = (
+            f"{artifact.path} records none: retrain it with disco train --profile"
+            if artifact is not None
+            else "give --classifier ARTIFACT (the profile it was trained with prices them)"
+        )
+        raise DiscoError(f"the {spec.name} policy prices its verification widths with a cost model: {fix}")
+    if spec.name == "adaptive-verification":
+        return LoopAdaptiveVerification(cost, spec.k, sampled)
+    if artifact is not None and ctx.sampling is not None:
+        artifact.check_sampling(*ctx.sampling)
+    # the classifier's features, model and window state; its rule (token at 0.5) is never asked: the budget decides
+    if artifact is not None:
+        clf = ClassifierPolicy(artifact, 0.5, ctx.pair.token_classes(), "token", None, artifact.projection())
+    else:
+        assert ctx.model is not None, "live, the artifact is required above"
+        clf = ClassifierPolicy(ctx.model, 0.5, rule="token")
+    return LoopLearnedBudget(clf, cost, spec.k, sampled)
 
 
 POLICIES: dict[str, PolicyKind] = {

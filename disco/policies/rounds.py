@@ -1,7 +1,8 @@
 """One round of speculative decoding, defined once (docs/architecture.md, "Rounds").
 
     1. draft    up to k_max = window_limit(...) tokens, the policy deciding after each one
-    2. verify   one target forward over the pending token and the drafts       (the caller's)
+       trim     the first v = verified_count(...) of the k drafts go to verification (v = k but for a budget)
+    2. verify   one target forward over the pending token and those v drafts   (the caller's)
     3. accept   the leading run of drafts the target agrees with, plus its own next token
     4. commit   those tokens, cut at EOS and at the token budget
     5. record   the policy learns what the target said; the stats count the window
@@ -70,6 +71,18 @@ def decide_token(policy: StoppingPolicy, step: Any, stats: GenStats) -> Decision
     return (yield from policy.decide(step))
 
 
+def verified_count(policy: StoppingPolicy | None, drafted: int) -> int:
+    """Phase 1's trim: how many of the window's `drafted` tokens the target verifies (their first v): the policy's
+    `trim(drafted)` hook (loop_budget.LoopBudget: a budget of the window's best prefix), by default all of them.
+    The drafts past v are dropped unverified (their draft forwards stay counted)."""
+    trim = getattr(policy, "trim", None)
+    if drafted == 0 or trim is None:
+        return drafted
+    v = int(trim(drafted))
+    assert 0 <= v <= drafted, f"a trim of {drafted} drafts to {v}"
+    return v
+
+
 def leading_run(agree: Any) -> int:
     """Phase 3: the number of leading True values of a 1-d bool tensor or array (accepted drafts)."""
     return int(agree.cumprod(0).sum())
@@ -95,12 +108,17 @@ def end_round(
     accepted: int,
     signals: Callable[[], Any] | None,
     counted: float | None = None,
+    verified: int | None = None,
 ) -> None:
-    """Phase 5: one target forward counted; a window that drafted tells the policy how it went (signals():
-    what the target said at its own token, computed only if the policy reads it) and is recorded.
-    counted: the accepted tokens to count when they differ from `accepted` (the simulator's expectation)."""
+    """Phase 5: one target forward counted; a window that drafted tells the policy how it went (the tokens
+    verified, the accepted ones, signals(): what the target said at its own token, computed only if the policy
+    reads it) and a verified window is recorded (its verified tokens: the verification's width).
+    counted: the accepted tokens to count when they differ from `accepted` (the simulator's expectation).
+    verified: the tokens verified when the policy trimmed the window (verified_count); default: all drafted."""
     stats.target_forwards += 1
+    v = drafted if verified is None else verified
     if drafted > 0:
         assert policy is not None, "only a policy drafts"
-        policy.update(drafted, accepted, signals)
-        stats.record_window(drafted, accepted if counted is None else counted)
+        policy.update(v, accepted, signals)
+    if v > 0:
+        stats.record_window(v, accepted if counted is None else counted)

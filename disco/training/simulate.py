@@ -8,7 +8,8 @@ round (rounds.py) on the trace:
 
     k_max = rounds.window_limit(...)                            (0: a target-only round)
     draft until the policy stops or k_max is reached            (rounds.draft_window)
-    accepted = leading run of label == 1 among the drafted positions
+    verify the first v of them                                  (rounds.verified_count: v = k but for a budget)
+    accepted = leading run of label == 1 among the verified positions
     commit accepted + 1 tokens                                  (y's last position: EOS / budget)
 
 and drives the *real* policy objects (policy.py, classifier.py): constant, heuristic,
@@ -33,6 +34,9 @@ Approximations (the only places a simulated run can differ from a real greedy ru
 2. Drafting past EOS. When y ended with EOS before max_new_tokens, a real window that
    reaches EOS may draft further tokens that are then discarded; the trace has no rows
    there, so the simulated window ends at y's last position (at most once per prompt).
+3. A budget's trim (loop_budget.py, greedy). Its verified width B* reads the confidence of every drafted
+   position, so one computed from the rows of 1 after a mismatch can differ from the live one, and with it the
+   accepted run where B* falls short of the mismatch (a draft reading only its position is replayed exactly).
 
 Sampled traces (`disco collect --temperature`, collect.coupled_draft) are one realisation of the
 live loop's randomness: a replay follows their sampled labels, which gives a sampled run (the
@@ -63,7 +67,7 @@ from disco.policies.adaptive_verification import ClassifierConfidence, LearnedBu
 from disco.policies.batch_policy import Batch, BatchPolicy, RequestState, never_drafts, verified
 from disco.policies.policy import StoppingPolicy
 from disco.policies.policy_registry import BuildContext, PolicySpec, as_spec
-from disco.policies.rounds import Decisions, draft_window, end_round, leading_run, window_limit
+from disco.policies.rounds import Decisions, draft_window, end_round, leading_run, verified_count, window_limit
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,6 +76,7 @@ if TYPE_CHECKING:
 SIM_COLUMNS = ("prompt_id", "gen_pos", "label", "draft_token", "target_token", *TOKEN_FEATURES)
 _P_CHOSEN = TOKEN_FEATURES.index("p_chosen")
 _ENTROPY = TOKEN_FEATURES.index("entropy")
+_P_TOP1 = TOKEN_FEATURES.index("p_top1")
 # The target-side signal columns (disco-trace/2); older traces lack them and get neutral values, so
 # only models that do not read the signals can be trained on them (train.py checks). disco-trace/2
 # lacks target_prob_target and gives target_top1, the same number under greedy decoding.
@@ -170,7 +175,7 @@ def prompt_traces(
 @dataclass
 class TraceStep:
     """The part of a policy.DraftStep that the trace can supply: what constant, heuristic, threshold,
-    AdaEDL, SVIP, oracle and the classifier read. A policy reading more (logits, context) fails loudly here."""
+    AdaEDL, SVIP, oracle, the classifier and the budget policies (loop_budget.py) read. A policy reading more (logits, context) fails loudly here."""
 
     token: int  # the draft's token (teacher-forced)
     window_pos: int  # 1-based index in the simulated window
@@ -182,6 +187,9 @@ class TraceStep:
 
     def entropy(self) -> float:
         return self.entropy_nats
+
+    def top1(self) -> float:
+        return float(self.feats[_P_TOP1])
 
     def token_features(self, token_classes: torch.Tensor | None = None) -> torch.Tensor:
         return self.feats
@@ -256,15 +264,16 @@ def _replay(tr: PromptTrace, policy: StoppingPolicy, max_window: int) -> Replay:
             policy, window_limit(max_window, tr.max_new_tokens, out), drafter.propose, stats
         )
         k = yield from decisions
+        v = verified_count(policy, k)  # the first v drafts go to verification (a budget policy trims)
         # 2-3. Verify and accept: the leading agreeing run, then the target's own token.
-        n = leading_run(tr.labels[out : out + k])
-        counted = n if tr.accept_probs is None else float(np.cumprod(tr.accept_probs[out : out + k]).sum())
+        n = leading_run(tr.labels[out : out + v])
+        counted = n if tr.accept_probs is None else float(np.cumprod(tr.accept_probs[out : out + v]).sum())
         # 4. Commit n + 1 tokens; y's last position is EOS or the budget's end.
         tokens += min(counted + 1, L - out)
         out += min(n + 1, L - out)
         # 5. Record: the target-side signals where the round's own target token landed.
         end = out - 1
-        end_round(policy, stats, k, n, lambda: tr.signals(end, n < k), counted)
+        end_round(policy, stats, k, n, lambda: tr.signals(end, n < v), counted, verified=v)
     stats.new_tokens = tokens
     return stats, drafter.approx
 
