@@ -131,19 +131,23 @@ class DiscoProposer:
         self.decide_s = 0.0  # in the policy (features, model, rule): the decision-cost figure
         self.forward_s = 0.0  # in draft forwards
         self.n_forwards = 0  # draft forwards run (a batched position is one)
-        self.loop: ClosedLoop | None = None
-        if closed_loop:
-            # (k = 0 runs no draft position here: the draft catches up at the next window, so idle_position is off)
-            self.loop = ClosedLoop(
-                load, self.max_seqs, self.k_max, torch.device("cpu"), isinstance(self._template, ClassifierPolicy),
-                idle_position=False, say=lambda line: PROCESS.say_once("governor:side", f"disco: {line}{SERVE_BARE}"),
-            )  # fmt: skip
-            seed = "the profile's" if load is not None else "a warm-up's"
-            PROCESS.say_once(
-                "closed loop:side",
-                f"disco: the {spec.name} policy decides on the side engine under the closed loop (costs measured here "
-                f"from {seed} start, calibration, governor)",
-            )
+        self.loop = self._closed_loop(spec, load) if closed_loop else None
+
+    def _closed_loop(self, spec: PolicySpec, load: CostModel | None) -> ClosedLoop:
+        """The closed loop the requests decide under, seeded by `load` (a classifier's P(accept) calibrated; k = 0 runs
+        no draft position here, as the draft catches up at the next window: no idle position), said once."""
+        loop = ClosedLoop(
+            load, self.max_seqs, self.k_max, torch.device("cpu"), isinstance(self._template, ClassifierPolicy),
+            idle_position=False, say=lambda line: PROCESS.say_once("governor:side", f"disco: {line}{SERVE_BARE}"),
+        )  # fmt: skip
+        seed = "the profile's" if load is not None else "a warm-up's"
+        calibration = ", P(accept) recalibrated" if loop.calibration is not None else ""
+        PROCESS.say_once(
+            "closed loop:side",
+            f"disco: the {spec.name} policy decides on the side engine under the closed loop (costs measured here "
+            f"from {seed} start{calibration}, a governor against fixed draft lengths)",
+        )
+        return loop
 
     def _policy(self) -> StoppingPolicy | None:
         t = self._template
