@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 import torch
 from helpers import ProbModel, cli, collected_trace, counts, one_error_line
-from tiny import POSITION_VOCAB, StubLM, char_tokenizer, position_stub_pair, tiny_pair
+from scipy.stats import chisquare
+from tiny import POSITION_VOCAB, DistStubLM, StubLM, char_tokenizer, position_stub_pair, tiny_pair
 from tiny_gguf import write_tiny_gguf
 
 from disco.base.errors import DiscoError
 from disco.base.options import PairOptions
 from disco.core.cost import CostModel
 from disco.core.features import FEATURES, TOKEN_FEATURES
-from disco.jobs.compare import ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL, default_entries
+from disco.formats.prompts import Prompt
+from disco.jobs.compare import ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL, default_entries, run_compare
 from disco.loop.decode import DecodeConfig, generate_ids, speculative_generate, target_generate
 from disco.loop.pair import load_pair, pair_from_models
 from disco.policies.artifact import DenseModel, save_artifact
@@ -217,6 +219,63 @@ def test_sampling_verifies_a_prefix_of_the_drafts(torch_pair, tmp_path):
     assert adaptive.drafted == sum(adaptive.windows) < adaptive.draft_forwards and adaptive.new_tokens == 40
 
 
+V = 6  # the sampling stubs' vocabulary
+
+
+def _peaked(peak: float, j: int, g: torch.Generator) -> torch.Tensor:
+    rest = torch.softmax(torch.randn(V, generator=g) * 0.5, 0)
+    rest[j] = 0
+    out = rest / rest.sum() * (1 - peak)
+    out[j] = peak
+    return out
+
+
+class ContextStub(DistStubLM):
+    """A stub whose next-token distribution depends on the absolute position and the token read there: dist(pos,
+    token). A draft like it makes a later position's confidence depend on an earlier drafted token."""
+
+    def forward(self, input_ids, cache, use_cache=True, logits_to_keep=0, output_hidden_states=False):
+        start, n = cache.get_seq_length(), input_ids.shape[1]
+        cache.update(torch.zeros(1, 1, n, 1), torch.zeros(1, 1, n, 1), 0)
+        logits = torch.stack([self.dist(start + j, int(input_ids[0, j])).log() for j in range(n)]).unsqueeze(0)
+        return SimpleNamespace(logits=logits[:, -(logits_to_keep or n) :])
+
+
+def _sampled_outputs(cost: CostModel, sampled: bool, n: int) -> tuple[list[dict], list[torch.Tensor], set]:
+    """n generations of 4 tokens at temperature 1 under adaptive verification (k = 3): the counts of each output
+    position's tokens, the target's distributions there, the windows seen. The draft: sure of x1 (q* 0.999), unsure
+    of x2 (q* 0.5), and at x3 sure again (0.999) if x2 was token 2, else not (0.2): x3's confidence reads x2."""
+    g = torch.Generator().manual_seed(1)
+    p_rows = [_peaked(0.9, 3, g)] + [_peaked(pk, j, g) for j, pk in enumerate((0.45, 0.4, 0.6), 1)]
+    sure, mixed, unsure = _peaked(0.999, 3, g), _peaked(0.5, 2, g), _peaked(0.2, 4, g)
+    target = DistStubLM(lambda pos: p_rows[min(pos, 3)], V)
+    draft = ContextStub(lambda pos, tok: sure if pos == 0 else mixed if pos == 1 else sure if tok == 2 else unsure, V)
+    counts = torch.zeros(4, V)
+    windows = set()
+    for seed in range(n):
+        policy = LoopAdaptiveVerification(cost, 3, sampled)
+        res = speculative_generate(target, draft, [1], policy, DecodeConfig(4, 3, 1.0, 1.0, seed))
+        for j, t in enumerate(res.tokens):
+            counts[j, t] += 1
+        windows.add(tuple(res.stats.windows))
+    return counts, p_rows, windows
+
+
+def test_the_sampled_trim_keeps_the_targets_distribution():
+    """Under sampling adaptive verification trims where the budget's rate stops rising: the windows vary with the
+    drafted tokens, and every output position follows the target's distribution (chi-square). The budget's argmax,
+    which reads x3's confidence to decide on x2 (here: x2 verified only when it is token 2), would not: over-weighted
+    token 2 at position 2 (a verification cost with a step, where the argmax skips a dip)."""
+    linear = CostModel(0.01, (1.0, 1.2, 1.4, 1.6), "linear")
+    counts, p_rows, windows = _sampled_outputs(linear, True, 2500)
+    assert len(windows) > 4
+    pvalues = [chisquare(counts[j].numpy(), (p_rows[j] * counts[j].sum()).numpy()).pvalue for j in range(4)]
+    assert min(pvalues) > 1e-4, pvalues
+    step = CostModel(0.01, (1.0, 1.05, 1.45, 1.45), "step")
+    counts, p_rows, _ = _sampled_outputs(step, False, 1500)  # (the greedy rule, at temperature 1)
+    assert chisquare(counts[1].numpy(), (p_rows[1] * counts[1].sum()).numpy()).pvalue < 1e-10
+
+
 # --- the simulator counts as the live loop ---------------------------------------------------------------------
 
 
@@ -247,12 +306,18 @@ def test_the_replay_counts_as_the_live_loop():
 # --- rows and refusals ---------------------------------------------------------------------------------------
 
 
-def test_compare_has_the_rows_in_disco_loop_given_a_classifier(torch_pair):
-    labels = lambda entries: [e.label for e in entries if e.spec is not None and e.spec.kind.batch_budget]  # noqa: E731
-    assert labels(default_entries("models/x", pair=torch_pair)) == [ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL]
-    assert labels(default_entries(pair=torch_pair)) == []  # (no cost model to price them with)
-    spec = next(e.spec for e in default_entries("models/x", pair=torch_pair) if e.label == ADAPTIVE_LABEL)
-    assert spec.classifier == "models/x"  # (its costs)
+def test_compare_runs_the_rows_in_disco_loop_given_a_classifier(torch_pair, tmp_path):
+    """`disco compare --classifier` lines both up on disco's loop (priced by the artifact), lossless."""
+    budget = lambda entries: [e for e in entries if e.spec is not None and e.spec.kind.batch_budget]  # noqa: E731
+    assert budget(default_entries(pair=torch_pair)) == []  # (no cost model to price them with)
+    clf = _artifact(tmp_path / "clf", torch_pair)
+    entries = budget(default_entries(clf, pair=torch_pair))
+    assert [e.label for e in entries] == [ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL]
+    assert [e.spec.classifier for e in entries] == [clf, clf]  # (adaptive verification: the artifact's costs)
+    prompts = [Prompt(f"p{i}", "code", text) for i, text in enumerate(PROMPTS)]
+    result = run_compare(torch_pair, prompts, entries, CONFIG, tmp_path / "c", chat=False, progress=False, plots=False)
+    for e in entries:
+        assert result["summary"][e.label]["lossless"], e.label
 
 
 def test_refusals_in_one_line(folders, torch_pair, tmp_path, capsys):

@@ -191,7 +191,7 @@ def _budget(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
 
 def _budget_loop(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
     """vLLM 0.32's adaptive verification or disco's learned budget in disco's one-request loop (loop_budget.py),
-    drafting up to spec.k and pricing each verification width by the loop's cost model: the simulator's (ctx.cost),
+    drafting up to spec.k (at most the loop's max window) and pricing each verification width by the loop's cost model: the simulator's (ctx.cost),
     else the artifact's (the profile `disco train` priced with, as the classifier's cost rules read it). The
     learned budget's estimator: the simulator's model (ctx.model), else the artifact's."""
     from disco.policies.artifact import load_artifact
@@ -211,8 +211,9 @@ def _budget_loop(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
             else "give --classifier ARTIFACT (the profile it was trained with prices them)"
         )
         raise DiscoError(f"the {spec.name} policy prices its verification widths with a cost model: {fix}")
+    k = max(1, min(spec.k, ctx.max_window))  # (the loop drafts no further than its max window)
     if spec.name == "adaptive-verification":
-        return LoopAdaptiveVerification(cost, spec.k, sampled)
+        return LoopAdaptiveVerification(cost, k, sampled)
     if artifact is not None and ctx.sampling is not None:
         artifact.check_sampling(*ctx.sampling)
     # the classifier's features, model and window state; its rule (token at 0.5) is never asked: the budget decides
@@ -221,7 +222,7 @@ def _budget_loop(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
     else:
         assert ctx.model is not None, "live, the artifact is required above"
         clf = ClassifierPolicy(ctx.model, 0.5, rule="token")
-    return LoopLearnedBudget(clf, cost, spec.k, sampled)
+    return LoopLearnedBudget(clf, cost, k, sampled)
 
 
 POLICIES: dict[str, PolicyKind] = {
