@@ -191,9 +191,10 @@ def _budget(spec: PolicySpec, ctx: BatchContext) -> BatchPolicy:
 
 def _budget_loop(spec: PolicySpec, ctx: BuildContext) -> StoppingPolicy:
     """vLLM 0.32's adaptive verification or disco's learned budget in disco's one-request loop (loop_budget.py),
-    drafting up to spec.k (at most the loop's max window) and pricing each verification width by the loop's cost model: the simulator's (ctx.cost),
-    else the artifact's (the profile `disco train` priced with, as the classifier's cost rules read it). The
-    learned budget's estimator: the simulator's model (ctx.model), else the artifact's."""
+    drafting up to spec.k (at most the loop's max window) and pricing each verification width by the loop's cost
+    model: the simulator's (ctx.cost), else the artifact's (the profile `disco train` priced with, as the
+    classifier's cost rules read it). The learned budget's estimator: the simulator's model (ctx.model), else the
+    artifact's."""
     from disco.policies.artifact import load_artifact
 
     sampled = ctx.sampling is not None and ctx.sampling[0] > 0
