@@ -320,6 +320,17 @@ def test_compare_runs_the_rows_in_disco_loop_given_a_classifier(torch_pair, tmp_
         assert result["summary"][e.label]["lossless"], e.label
 
 
+def test_generate_runs_them_given_a_classifier(folders, tmp_path, capsys):
+    """`disco generate --policy adaptive-verification|learned-budget --classifier ARTIFACT` on the tiny folders."""
+    t, d, _ = folders
+    clf = _artifact(tmp_path / "clf", load_pair(PairOptions(str(t), str(d))))
+    for name in ("adaptive-verification", "learned-budget"):
+        args = ["--prompt", "def f(x):", "--max-new-tokens", 12, "--max-window", 4, "--k", 4, "--classifier", clf]
+        code, _, err = cli(capsys, "generate", "--target", t, "--draft", d, "--policy", name, *args)
+        assert code == 0, err
+        assert f"[{name}] 12 tokens" in err
+
+
 def test_refusals_in_one_line(folders, torch_pair, tmp_path, capsys):
     t, d, _ = folders
     base = ["generate", "--target", t, "--draft", d, "--prompt", "hi", "--max-new-tokens", 4, "--policy"]
