@@ -1,14 +1,16 @@
 """The closed loop on the side engine (side.DiscoProposer under online.closed_loop.ClosedLoop; docs/vllm.md, "Closed
 loop"): lossless at one request and four, a wrong seed profile (×3, ×⅓) corrected by the costs the proposer measures
 at the second step of a stream, and the governor drafting nothing (no draft forward at all) where drafting loses,
-said once. Each runs twice: on a stub of vLLM's side of the custom_class interface (StubVllm: greedy, synchronous,
-the tiny torch pair; no vLLM started) and on vLLM itself with the tiny float32 pair (tests/vllm_pair.py). The loop
+said once. Each runs three times: on a stub of vLLM's side of the custom_class interface (StubVllm: greedy,
+synchronous, no vLLM started) with the tiny pair's draft on torch (a session per request) and on llama.cpp (the
+batched draft), and on vLLM itself with the tiny float32 pair (tests/vllm_pair.py). The loop
 sees a synthetic clock (closed_loop_clock.py), so nothing here depends on the machine's load."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,12 +20,14 @@ import torch
 from closed_loop_clock import SEED, TABLE_BATCH, matches, scaled, synthetic_clock
 from helpers import one_error_line
 from tiny import EOS, char_tokenizer, tiny_pair
+from tiny_gguf import write_tiny_gguf
 from vllm_pair import K_MAX, PROMPTS, folders, logistic_artifact, pair  # noqa: F401 -- pytest fixtures
 
 from disco.base.defaults import CLOSED_LOOP_PROBES, GOVERNOR_HOLD, GOVERNOR_WINDOW
 from disco.base.errors import DiscoError
+from disco.base.options import PairOptions
 from disco.loop.engine_registry import as_engine
-from disco.loop.pair import pair_from_models
+from disco.loop.pair import load_pair, pair_from_models
 from disco.policies.policy_registry import PolicySpec
 from disco.vllm.engine import PROPOSER, SpecConfig
 from disco.vllm.process import PROCESS, Shared
@@ -90,12 +94,20 @@ class StubVllm:
 
 
 class StubHarness:
-    """The side engine on StubVllm, the tiny torch pair (noise 0.3: the draft agrees often, not always)."""
+    """The side engine on StubVllm, the tiny pair (noise 0.3: the draft agrees often, not always): its draft on torch
+    (a session per request, one after another) or, given a folder for the files, written as GGUF files on llama.cpp
+    (one batched draft, a forward per position for all requests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gguf_root: Path | None = None) -> None:
         target, draft = (m.requires_grad_(False) for m in tiny_pair(noise=0.3, dtype=torch.float32))
         self.pair = pair_from_models(target, draft, char_tokenizer())
         self.pair.draft = as_engine(self.pair.draft)  # (the proposer drafts on an engine, as a vLLM pair's is)
+        if gguf_root is not None:
+            tok = char_tokenizer()
+            files = [write_tiny_gguf(m, tok, gguf_root / f"{name}.gguf") for m, name in ((target, "t"), (draft, "d"))]
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("DISCO_CACHE", str(gguf_root / "cache"))
+                self.pair = load_pair(PairOptions(*map(str, files), engine="llama.cpp", threads=1))
         self.vllm = StubVllm(target)
         self.ids = [self.pair.encode(p, chat=False) for p in PROMPTS]
         PROCESS.side, PROCESS.runner = Shared(pair=self.pair), self.vllm
@@ -153,12 +165,14 @@ class VllmHarness:
         return [self._reference[tuple(p), b] for p, b in zip(prompts, budgets)]
 
 
-@pytest.fixture(scope="module", params=["stub", "vllm"])
-def harness(request):
+@pytest.fixture(scope="module", params=["stub", "stub-llama.cpp", "vllm"])
+def harness(request, tmp_path_factory):
     saved = PROCESS.side, PROCESS.runner
     try:
         if request.param == "stub":
             yield StubHarness()
+        elif request.param == "stub-llama.cpp":
+            yield StubHarness(tmp_path_factory.mktemp("gguf"))
         else:
             pytest.importorskip("vllm")
             yield VllmHarness(request.getfixturevalue("pair"))
