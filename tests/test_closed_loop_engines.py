@@ -205,3 +205,23 @@ def test_engines_that_close_their_own_loop_refuse_the_flag():
     assert one_error_line(f"error: {e.value}").startswith("error: --closed-loop runs in disco's own loop")
     assert "DISCO_VLLM_POLICY" in str(e.value)
     check_closed_loop(SimpleNamespace(engine_name="torch"))  # (disco's loop: no refusal)
+
+
+class _Budget(ConstantPolicy):
+    """A constant window of 4 whose budget verifies its first 2 (a stand-in for loop_budget's policies)."""
+
+    def trim(self, drafted: int) -> int:
+        return min(drafted, 2)
+
+
+def test_a_budget_policys_trim_passes_through_the_closed_loop_but_not_on_fixed_lengths():
+    """Under the closed loop a window the policy decided is trimmed by the policy's budget; a window of a fixed
+    length (a probe, the governor's) is verified whole."""
+    policy = LoopStream(CostModel(1e-3, tuple(2e-3 for _ in range(9)), "seed")).wrap(_Budget(4), 8)
+    policy.choose(None, None)  # the policy decides this window
+    assert policy.trim(4) == 2 and policy.trim(1) == 1
+    policy.choose(3, None)  # a fixed length of 3 (a probe)
+    assert policy.trim(3) == 3
+    plain = LoopStream().wrap(ConstantPolicy(4), 8)
+    plain.choose(None, None)
+    assert plain.trim(4) == 4  # a policy without a budget verifies what it drafted

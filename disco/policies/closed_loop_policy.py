@@ -93,12 +93,21 @@ class LoopDecisions(PolicyBase):
             return p  # (exactly the model's until the position is calibrated)
         return float(calibration.calibrate(self._pos, torch.tensor([p], dtype=torch.float64))[0])
 
+    def trim(self, drafted: int) -> int:
+        """The tokens of the window the target verifies (rounds.verified_count): a budget policy's trim when it
+        decided the window; a fixed length's window (a probe, the governor's) is verified whole."""
+        trim = getattr(self.inner, "trim", None)
+        return drafted if trim is None or self._fixed is not None else int(trim(drafted))
+
     def update(self, n_drafted: int, n_accepted: int, signals: Signals | None = None) -> None:
+        # n_drafted: the tokens verified (a trimmed window's first ones: the P(accept) of those met an outcome)
         self.inner.update(n_drafted, n_accepted, signals)
         calibration = self.loop.calibration
-        if calibration is not None and self._fixed is None and 0 < n_drafted == len(self._p):
+        if calibration is not None and self._fixed is None and 0 < n_drafted <= len(self._p):
             calibration.observe_windows(
-                torch.tensor([self._p], dtype=torch.float64), torch.tensor([n_drafted]), torch.tensor([n_accepted])
+                torch.tensor([self._p[:n_drafted]], dtype=torch.float64),
+                torch.tensor([n_drafted]),
+                torch.tensor([n_accepted]),
             )
 
 
