@@ -6,13 +6,13 @@ vLLM's draft: tests/test_vllm_closed_loop.py; on the side engine: tests/test_vll
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from closed_loop_clock import matches, scaled, synthetic_clock
 from helpers import cli, cli_args, one_error_line
 from tiny import StubLM, char_tokenizer, tiny_pair
 from tiny_gguf import write_tiny_gguf
@@ -40,6 +40,11 @@ PROMPTS = [
 ]
 MAX_WINDOW = 6
 CONFIG = DecodeConfig(max_new_tokens=48, max_window=MAX_WINDOW)
+# what the loop's clock reads in these tests (closed_loop_clock.synthetic_clock): a verification over t tokens
+# costs 2 + 0.1 (t - 1) ms, a draft position 1 ms, whatever the load of the machine (so every decision, and with
+# it every output, is the same run after run)
+_C_T = tuple(2e-3 + 1e-4 * k for k in range(MAX_WINDOW + 1))
+TRUTH = CostModel(1e-3, _C_T, "truth", _C_T, (1e-3,))
 
 
 def _artifact(folder, pair, rule: str) -> str:
@@ -96,10 +101,12 @@ def gguf_pair(tmp_path_factory):
 
 
 @pytest.mark.parametrize("engine", ["torch", "llama.cpp"])
-def test_lossless_with_the_closed_loop(engine, torch_pair, gguf_pair, tmp_path):
+def test_lossless_with_the_closed_loop(engine, torch_pair, gguf_pair, tmp_path, monkeypatch):
     """Every policy under the closed loop, over a stream of 6 prompts (warm-up probes, then the policy or the
     governor's fixed lengths, the classifier's P(accept) through the calibration):
-    each output is the engine's own target-only output, and the loop measured the run."""
+    each output is the engine's own target-only output, and the loop measured the run. The loop reads TRUTH's
+    seconds: its windows, and the float32 verifications of those widths, are the same every run."""
+    synthetic_clock(monkeypatch, TRUTH)
     pair = torch_pair if engine == "torch" else gguf_pair
     reference = _reference(pair)
     for name, spec in _specs(pair, tmp_path).items():
@@ -109,7 +116,6 @@ def test_lossless_with_the_closed_loop(engine, torch_pair, gguf_pair, tmp_path):
         assert loop is not None and loop.costs.steps.observed > 0 and loop.costs.drafts.observed > 0, name
         assert loop.governor.steps > 0, name
         if name.startswith("classifier"):  # the model's P(accept) met verified outcomes, refitted every few
-            # (how many windows the policy decides, rather than a probe or the governor's length, depends on timings)
             calibration = loop.calibration
             assert calibration is not None and int(calibration.seen[1]) > 0, name
             assert calibration.refits == calibration.calls // CALIBRATION_REFIT, name
@@ -126,26 +132,17 @@ def test_the_cost_rule_reads_the_running_table(torch_pair, tmp_path):
     assert policy.inner.cost is closed.loop.cost_model() and policy.inner.cost.source.startswith("online")
 
 
-def _scaled(cost: CostModel, by: float) -> CostModel:
-    return dataclasses.replace(cost, c_d=cost.c_d * by, c_t=tuple(x * by for x in cost.c_t), source=f"seed x{by:g}")
-
-
-def test_a_wrong_seed_is_corrected_by_the_costs_timed_in_the_run(torch_pair):
+def test_a_wrong_seed_is_corrected_by_the_costs_timed_in_the_run(torch_pair, monkeypatch):
     """The same stream seeded ×3 and ×⅓ (another machine's profile, an in-process one): after it both running
-    tables hold this run's costs, within 2× of each other where the seeds were 9× apart (noise of a shared 2-core
-    machine allowed for; tests/test_closed_loop.py shows the bounds on controlled noise)."""
-    seed = CostModel(1e-3, tuple(2e-3 + 1e-4 * k for k in range(MAX_WINDOW + 1)), "seed")
-    tables = {}
+    tables hold the costs the run timed (TRUTH's, through the synthetic clock), every bucket exactly."""
+    synthetic_clock(monkeypatch, TRUTH)
     for by in (3.0, 1 / 3):
-        closed = LoopStream(_scaled(seed, by))
+        closed = LoopStream(scaled(TRUTH, by))
         _stream(torch_pair, PolicySpec("constant", k=3), closed)
         assert closed.loop is not None and closed.loop.costs.warm  # both kinds past ONLINE_COST_WARMUP
-        tables[by] = closed.loop.cost_model()
-    high, low = tables[3.0], tables[1 / 3]
-    assert high.c_t[0] / low.c_t[0] > 0  # (seconds, both)
-    for tokens in (2, 3, 4, 5):  # the probes' and the policy's verifications (1, 2, 3, 4 drafts)
-        assert 1 / 2 < high.c_t[tokens - 1] / low.c_t[tokens - 1] < 2, (tokens, high, low)
-    assert 1 / 2 < high.c_d / low.c_d < 2, (high.c_d, low.c_d)
+        model = closed.loop.cost_model()
+        assert matches(model, TRUTH), (by, model)
+        assert model.c_d == pytest.approx(TRUTH.c_d) and model.c_t == pytest.approx(TRUTH.c_t), (by, model)
 
 
 def test_the_governor_falls_back_where_the_draft_never_agrees(capsys):
