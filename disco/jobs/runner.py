@@ -45,7 +45,7 @@ def check_closed_loop(pair: Pair) -> None:
     if ENGINE_KINDS[pair.engine_name].runner is not None:
         raise DiscoError(
             f"--closed-loop runs in disco's own loop (torch, llama.cpp), not on the {pair.engine_name} engine: there "
-            'set "closed_loop": true in DISCO_VLLM_POLICY and serve with vLLM\'s draft (vllm serve)'
+            'set "closed_loop": true in DISCO_VLLM_POLICY and serve (vllm serve: vLLM\'s draft or the side engine)'
         )
 
 
