@@ -90,3 +90,33 @@ def pair32():
     from disco.loop.pair import pair_from_models
 
     return pair_from_models(*tiny_pair(noise=0.1, dtype=torch.float32), char_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def noisy_torch_pair():
+    """The tiny float32 pair in memory, on the torch engine (noise 0.3: drafts agree often, not always)."""
+    import torch
+    from tiny import char_tokenizer, tiny_pair
+
+    from disco.loop.pair import pair_from_models
+
+    return pair_from_models(*tiny_pair(noise=0.3, dtype=torch.float32), char_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def noisy_gguf_pair(tmp_path_factory):
+    """The same pair written as GGUF, loaded on llama.cpp (one thread, exact verification)."""
+    import torch
+    from tiny import char_tokenizer, tiny_pair
+    from tiny_gguf import write_tiny_gguf
+
+    from disco.base.options import PairOptions
+    from disco.loop.pair import load_pair
+
+    root = tmp_path_factory.mktemp("gguf")
+    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
+    tok = char_tokenizer()
+    t, d = write_tiny_gguf(target, tok, root / "target.gguf"), write_tiny_gguf(draft, tok, root / "draft.gguf")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DISCO_CACHE", str(root / "cache"))
+        return load_pair(PairOptions(str(t), str(d), engine="llama.cpp", threads=1, verify="exact"))

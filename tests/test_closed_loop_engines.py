@@ -11,20 +11,16 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 from closed_loop_clock import matches, scaled, synthetic_clock
 from helpers import cli, cli_args, one_error_line
-from tiny import StubLM, char_tokenizer, tiny_pair
-from tiny_gguf import write_tiny_gguf
+from tiny import StubLM
 
 from disco.base.defaults import CALIBRATION_REFIT, GOVERNOR_HOLD
 from disco.base.errors import DiscoError
-from disco.base.options import PairOptions
 from disco.core.cost import CostModel
 from disco.core.features import FEATURES
 from disco.jobs.runner import check_closed_loop
 from disco.loop.decode import DecodeConfig, generate_ids, speculative_generate, target_generate
-from disco.loop.pair import load_pair
 from disco.policies.artifact import DenseModel, save_artifact
 from disco.policies.closed_loop_policy import LoopStream
 from disco.policies.policy import ConstantPolicy
@@ -80,34 +76,14 @@ def _reference(pair) -> list[list[int]]:
     ]
 
 
-@pytest.fixture(scope="module")
-def torch_pair():
-    """The tiny float32 pair in memory, on the torch engine (noise 0.3: drafts agree often, not always)."""
-    from disco.loop.pair import pair_from_models
-
-    return pair_from_models(*tiny_pair(noise=0.3, dtype=torch.float32), char_tokenizer())
-
-
-@pytest.fixture(scope="module")
-def gguf_pair(tmp_path_factory):
-    """The tiny pair written as GGUF, on llama.cpp (one thread, exact verification)."""
-    root = tmp_path_factory.mktemp("gguf")
-    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
-    tok = char_tokenizer()
-    t, d = write_tiny_gguf(target, tok, root / "target.gguf"), write_tiny_gguf(draft, tok, root / "draft.gguf")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DISCO_CACHE", str(root / "cache"))
-        return load_pair(PairOptions(str(t), str(d), engine="llama.cpp", threads=1, verify="exact"))
-
-
 @pytest.mark.parametrize("engine", ["torch", "llama.cpp"])
-def test_lossless_with_the_closed_loop(engine, torch_pair, gguf_pair, tmp_path, monkeypatch):
+def test_lossless_with_the_closed_loop(engine, noisy_torch_pair, noisy_gguf_pair, tmp_path, monkeypatch):
     """Every policy under the closed loop, over a stream of 6 prompts (warm-up probes, then the policy or the
     governor's fixed lengths, the classifier's P(accept) through the calibration):
     each output is the engine's own target-only output, and the loop measured the run. The loop reads TRUTH's
     seconds: its windows, and the float32 verifications of those widths, are the same every run."""
     synthetic_clock(monkeypatch, TRUTH)
-    pair = torch_pair if engine == "torch" else gguf_pair
+    pair = noisy_torch_pair if engine == "torch" else noisy_gguf_pair
     reference = _reference(pair)
     for name, spec in _specs(pair, tmp_path).items():
         closed = LoopStream()
@@ -121,24 +97,26 @@ def test_lossless_with_the_closed_loop(engine, torch_pair, gguf_pair, tmp_path, 
             assert calibration.refits == calibration.calls // CALIBRATION_REFIT, name
 
 
-def test_the_cost_rule_reads_the_running_table(torch_pair, tmp_path):
+def test_the_cost_rule_reads_the_running_table(noisy_torch_pair, tmp_path):
     """The classifier's cost rule decides with the table measured in this run, not its artifact's model: after a
     stream the policy's cost model is the loop's (in seconds), where the artifact's is in units of c_t(1)."""
-    spec = _specs(torch_pair, tmp_path)["classifier-cost"]
+    spec = _specs(noisy_torch_pair, tmp_path)["classifier-cost"]
     closed = LoopStream()
-    policy = closed.wrap(spec.build(None, torch_pair, MAX_WINDOW), MAX_WINDOW)
+    policy = closed.wrap(spec.build(None, noisy_torch_pair, MAX_WINDOW), MAX_WINDOW)
     assert policy.inner.cost.source == "stub" and closed.loop.costs.seed.source == "stub"  # the artifact seeds it
-    speculative_generate(torch_pair.target, torch_pair.draft, torch_pair.encode(PROMPTS[0], chat=False), policy, CONFIG)
+    speculative_generate(
+        noisy_torch_pair.target, noisy_torch_pair.draft, noisy_torch_pair.encode(PROMPTS[0], chat=False), policy, CONFIG
+    )
     assert policy.inner.cost is closed.loop.cost_model() and policy.inner.cost.source.startswith("online")
 
 
-def test_a_wrong_seed_is_corrected_by_the_costs_timed_in_the_run(torch_pair, monkeypatch):
+def test_a_wrong_seed_is_corrected_by_the_costs_timed_in_the_run(noisy_torch_pair, monkeypatch):
     """The same stream seeded ×3 and ×⅓ (another machine's profile, an in-process one): after it both running
     tables hold the costs the run timed (TRUTH's, through the synthetic clock), every bucket exactly."""
     synthetic_clock(monkeypatch, TRUTH)
     for by in (3.0, 1 / 3):
         closed = LoopStream(scaled(TRUTH, by))
-        _stream(torch_pair, PolicySpec("constant", k=3), closed)
+        _stream(noisy_torch_pair, PolicySpec("constant", k=3), closed)
         assert closed.loop is not None and closed.loop.costs.warm  # both kinds past ONLINE_COST_WARMUP
         model = closed.loop.cost_model()
         assert matches(model, TRUTH), (by, model)

@@ -13,8 +13,7 @@ import pytest
 import torch
 from helpers import ProbModel, cli, collected_trace, counts, one_error_line
 from scipy.stats import chisquare
-from tiny import POSITION_VOCAB, DistStubLM, StubLM, char_tokenizer, position_stub_pair, tiny_pair
-from tiny_gguf import write_tiny_gguf
+from tiny import POSITION_VOCAB, DistStubLM, StubLM, position_stub_pair
 
 from disco.base.errors import DiscoError
 from disco.base.options import PairOptions
@@ -23,7 +22,7 @@ from disco.core.features import FEATURES, TOKEN_FEATURES
 from disco.formats.prompts import Prompt
 from disco.jobs.compare import ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL, default_entries, run_compare
 from disco.loop.decode import DecodeConfig, generate_ids, speculative_generate, target_generate
-from disco.loop.pair import load_pair, pair_from_models
+from disco.loop.pair import load_pair
 from disco.policies.artifact import DenseModel, save_artifact
 from disco.policies.classifier import ClassifierPolicy
 from disco.policies.loop_budget import LoopAdaptiveVerification, LoopLearnedBudget
@@ -170,28 +169,11 @@ def _artifact(folder, pair, cost: CostModel | None = COST) -> str:
     return str(save_artifact(folder, model, manifest))
 
 
-@pytest.fixture(scope="module")
-def torch_pair():
-    return pair_from_models(*tiny_pair(noise=0.3, dtype=torch.float32), char_tokenizer())
-
-
-@pytest.fixture(scope="module")
-def gguf_pair(tmp_path_factory):
-    """The tiny pair written as GGUF, on llama.cpp (one thread, exact verification)."""
-    root = tmp_path_factory.mktemp("gguf")
-    target, draft = tiny_pair(noise=0.3, dtype=torch.float32)
-    tok = char_tokenizer()
-    t, d = write_tiny_gguf(target, tok, root / "target.gguf"), write_tiny_gguf(draft, tok, root / "draft.gguf")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DISCO_CACHE", str(root / "cache"))
-        return load_pair(PairOptions(str(t), str(d), engine="llama.cpp", threads=1, verify="exact"))
-
-
 @pytest.mark.parametrize("engine", ["torch", "llama.cpp"])
-def test_lossless_on_the_tiny_pairs(engine, torch_pair, gguf_pair, tmp_path):
+def test_lossless_on_the_tiny_pairs(engine, noisy_torch_pair, noisy_gguf_pair, tmp_path):
     """Both policies, built from the registry as `disco generate` builds them (the artifact's cost model, its
     classifier): greedy output is target-only's token for token, and some round verified fewer than it drafted."""
-    pair = torch_pair if engine == "torch" else gguf_pair
+    pair = noisy_torch_pair if engine == "torch" else noisy_gguf_pair
     clf = _artifact(tmp_path / "clf", pair)
     for name in ("adaptive-verification", "learned-budget"):
         spec = PolicySpec(name, k=K, classifier=clf)
@@ -207,15 +189,17 @@ def test_lossless_on_the_tiny_pairs(engine, torch_pair, gguf_pair, tmp_path):
         assert trimmed > 0, name
 
 
-def test_sampling_verifies_a_prefix_of_the_drafts(torch_pair, tmp_path):
+def test_sampling_verifies_a_prefix_of_the_drafts(noisy_torch_pair, tmp_path):
     """Under sampling both run (rejection sampling on the verified prefix): the learned budget verifies all it drafts
     (its P(accept) reads each token itself), adaptive verification trims by the rising rate."""
-    clf = _artifact(tmp_path / "clf", torch_pair)
+    clf = _artifact(tmp_path / "clf", noisy_torch_pair)
     config = DecodeConfig(max_new_tokens=40, max_window=K, temperature=0.8, seed=3)
-    ids = torch_pair.encode(PROMPTS[0], chat=False)
-    learned = generate_ids(torch_pair, ids, PolicySpec("learned-budget", k=K, classifier=clf), config).stats
+    ids = noisy_torch_pair.encode(PROMPTS[0], chat=False)
+    learned = generate_ids(noisy_torch_pair, ids, PolicySpec("learned-budget", k=K, classifier=clf), config).stats
     assert learned.drafted == learned.draft_forwards > 0 and learned.new_tokens == 40
-    adaptive = generate_ids(torch_pair, ids, PolicySpec("adaptive-verification", k=K, classifier=clf), config).stats
+    adaptive = generate_ids(
+        noisy_torch_pair, ids, PolicySpec("adaptive-verification", k=K, classifier=clf), config
+    ).stats
     assert adaptive.drafted == sum(adaptive.windows) < adaptive.draft_forwards and adaptive.new_tokens == 40
 
 
@@ -306,16 +290,18 @@ def test_the_replay_counts_as_the_live_loop():
 # --- rows and refusals ---------------------------------------------------------------------------------------
 
 
-def test_compare_runs_the_rows_in_disco_loop_given_a_classifier(torch_pair, tmp_path):
+def test_compare_runs_the_rows_in_disco_loop_given_a_classifier(noisy_torch_pair, tmp_path):
     """`disco compare --classifier` lines both up on disco's loop (priced by the artifact), lossless."""
     budget = lambda entries: [e for e in entries if e.spec is not None and e.spec.kind.batch_budget]  # noqa: E731
-    assert budget(default_entries(pair=torch_pair)) == []  # (no cost model to price them with)
-    clf = _artifact(tmp_path / "clf", torch_pair)
-    entries = budget(default_entries(clf, pair=torch_pair))
+    assert budget(default_entries(pair=noisy_torch_pair)) == []  # (no cost model to price them with)
+    clf = _artifact(tmp_path / "clf", noisy_torch_pair)
+    entries = budget(default_entries(clf, pair=noisy_torch_pair))
     assert [e.label for e in entries] == [ADAPTIVE_LABEL, LEARNED_BUDGET_LABEL]
     assert [e.spec.classifier for e in entries] == [clf, clf]  # (adaptive verification: the artifact's costs)
     prompts = [Prompt(f"p{i}", "code", text) for i, text in enumerate(PROMPTS)]
-    result = run_compare(torch_pair, prompts, entries, CONFIG, tmp_path / "c", chat=False, progress=False, plots=False)
+    result = run_compare(
+        noisy_torch_pair, prompts, entries, CONFIG, tmp_path / "c", chat=False, progress=False, plots=False
+    )
     for e in entries:
         assert result["summary"][e.label]["lossless"], e.label
 
@@ -331,7 +317,7 @@ def test_generate_runs_them_given_a_classifier(folders, tmp_path, capsys):
         assert f"[{name}] 12 tokens" in err
 
 
-def test_refusals_in_one_line(folders, torch_pair, tmp_path, capsys):
+def test_refusals_in_one_line(folders, noisy_torch_pair, tmp_path, capsys):
     t, d, _ = folders
     base = ["generate", "--target", t, "--draft", d, "--prompt", "hi", "--max-new-tokens", 4, "--policy"]
     code, _, err = cli(capsys, *base, "adaptive-verification")
@@ -345,9 +331,9 @@ def test_refusals_in_one_line(folders, torch_pair, tmp_path, capsys):
     assert one_error_line(err) == (
         "error: the learned-budget policy needs a trained artifact: pass --classifier models/NAME"
     )
-    bare = _artifact(tmp_path / "bare", torch_pair, cost=None)
+    bare = _artifact(tmp_path / "bare", noisy_torch_pair, cost=None)
     with pytest.raises(DiscoError, match=r"records none: retrain it with disco train --profile$"):
-        PolicySpec("adaptive-verification", k=K, classifier=bare).build(None, torch_pair, K)
-    short = _artifact(tmp_path / "short", torch_pair, cost=CostModel(0.1, (1.0, 1.1, 1.2), "short"))
+        PolicySpec("adaptive-verification", k=K, classifier=bare).build(None, noisy_torch_pair, K)
+    short = _artifact(tmp_path / "short", noisy_torch_pair, cost=CostModel(0.1, (1.0, 1.1, 1.2), "short"))
     with pytest.raises(DiscoError, match=r"covers target forwards of up to 3 tokens"):
-        PolicySpec("learned-budget", k=K, classifier=short).build(None, torch_pair, K)
+        PolicySpec("learned-budget", k=K, classifier=short).build(None, noisy_torch_pair, K)
