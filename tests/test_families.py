@@ -511,7 +511,7 @@ def test_collect_train_generate_round_trip(family, tmp_path):
             [tmp_path / "traces"], tmp_path / "clf", model="logistic", max_window=6, val_fraction=0.25, progress=False
         )
     )
-    assert report.threshold in RULE_GRIDS[report.choice.get("rule", "token")] or report.choice["policy"] == "threshold"
+    assert report.setting in RULE_GRIDS[report.choice.get("rule", "token")] or report.choice["policy"] == "threshold"
     spec = PolicySpec("classifier", classifier=str(tmp_path / "clf"))
     drafted = 0
     for i in range(4):
