@@ -91,9 +91,9 @@ class DiscoProposer:
     @said_in_one_line()  # under `vllm serve` vLLM shows a refused setting as a traceback: the line comes first
     def __init__(self, vllm_config: Any) -> None:
         self.k_max = int(vllm_config.speculative_config.num_speculative_tokens)
-        self.max_seqs = int(vllm_config.scheduler_config.max_num_seqs)  # the most requests in a step
         if PROCESS.side.pair is None:
-            _load_shared_from_env()
+            _load_shared_from_env()  # (a missing or bad setting is refused first, in one line)
+        self.max_seqs = int(vllm_config.scheduler_config.max_num_seqs)  # the most requests in a step
         assert PROCESS.side.pair is not None
         self.pair = PROCESS.side.pair
         self.requests: dict[str, _Request] = {}  # the running requests, by vLLM request id
