@@ -4,6 +4,7 @@ noisy truths and stubs. Each bound the modules state is shown here with the numb
 
 from __future__ import annotations
 
+import json
 import tracemalloc
 
 import numpy as np
@@ -17,7 +18,7 @@ from disco.base.defaults import (
     ONLINE_COST_WINDOW,
 )
 from disco.core.cost import CostModel
-from disco.online.closed_loop import ClosedLoop
+from disco.online.closed_loop import ClosedLoop, Decision
 from disco.online.governor import Governor
 from disco.online.online_calibration import OnlineCalibration, outcomes_to_cross
 from disco.online.online_costs import OnlineCosts
@@ -87,6 +88,22 @@ def test_without_a_seed_a_warmup_sets_the_scale():
     model = costs.cost_model()
     assert _error(model, visited=True) <= NOISE
     assert _error(model) <= 0.25
+
+
+def test_past_the_observed_sizes_the_measured_trend_continues():
+    """Steps timed up to 9 tokens only (one request's probes), on a CPU-like truth whose cost per token is 13 % of a
+    one-token step (the default's shape: 2 %): with no seed, the sizes past 9 follow the measured line (within 10 %
+    at 20 and 40 tokens), not the default's shallow one (which put 20 tokens 34 % and 40 tokens 51 % too cheap)."""
+    truth = np.array([0.1 + 0.015 * t for t in range(1, T + 1)])
+    costs = OnlineCosts(MAX_BATCH, MAX_WINDOW)
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        for t in (2, 3, 5, 9):
+            costs.observe_step(t, truth[t - 1] * rng.uniform(1 - NOISE / 3, 1 + NOISE / 3))
+            costs.observe_draft(1, 0.03)
+    step = np.asarray(costs.cost_model().c_step)
+    assert step[[19, 39]] == pytest.approx(truth[[19, 39]], rel=0.10)
+    assert np.all(np.diff(step) >= 0)
 
 
 def test_the_table_is_monotone_and_serves_the_cost_rules():
@@ -409,11 +426,13 @@ def test_each_batch_band_is_probed_once():
     assert loop.override(5) is None and not loop.off
 
 
-def _step(loop: ClosedLoop, clock: list[float], batch: int, last: tuple[int, int], stale: bool) -> int | None:
+def _step(
+    loop: ClosedLoop, clock: list[float], batch: int, last: tuple[int, int], stale: bool, per_token: float = 0.002
+) -> int | None:
     """One proposer step with made-up seconds: the target step over the last step's tokens (0.1 s + 2 ms a token),
     the decision, the draft positions (30 ms each; none when off). last: the window drafted and accepted."""
     drafted, accepted = last
-    clock[0] += 0.1 + 0.002 * batch * (drafted + 1)
+    clock[0] += 0.1 + per_token * batch * (drafted + 1)
     loop.step(clock[0], batch * (drafted + 1), np.full(batch, drafted), np.full(batch, accepted))
     k = loop.override(batch, stale)
     for _ in range(0 if loop.off else max(2 if k is None else k, 1)):  # (k = 0 with the pass: vLLM's catch-up)
@@ -421,6 +440,62 @@ def _step(loop: ClosedLoop, clock: list[float], batch: int, last: tuple[int, int
         loop.position(batch, 0.03)
     loop.ended(clock[0])
     return k
+
+
+@pytest.mark.parametrize(
+    "accepted, per_token, probes",
+    [
+        # every draft accepted, a token 2 % of a step: every short length pays at 8 requests, all are probed
+        (lambda d: d, 0.002, [1, 2, 4] * 3),
+        # two drafts of a window accepted: 4 is estimated well below 2's speedup and is not probed
+        (lambda d: min(d, 2), 0.002, [1, 2] * 3),
+        # nothing accepted: no length pays, only the narrowest is probed (it times the band's draft positions)
+        (lambda d: 0, 0.002, [1] * 3),
+        # every draft accepted but a token costs half of a one-token step (a CPU at 8 requests): 4 does not pay
+        (lambda d: d, 0.05, [1, 2] * 3),
+    ],
+)
+def test_a_later_band_probes_only_the_lengths_that_may_pay(accepted, per_token, probes):
+    """Band 1's probes time the table and judge windows; band 8 then probes the narrowest length and the short ones
+    whose estimated speedup at 8 requests is within CLOSED_LOOP_PROBE_SHARE of the best's."""
+    loop, clock, last = _loop(), [0.0], (0, 0)
+    for _ in range(12):
+        k = _step(loop, clock, 1, last, stale=False, per_token=per_token)
+        last = (k or 0, accepted(k or 0))
+    _step(loop, clock, 1, last, stale=False, per_token=per_token)
+    assert loop.costs.warm
+    assert [loop.override(8) for _ in range(len(probes))] == probes
+    assert loop.override(8) != probes[0] or len(set(probes)) > 1  # the band's probes are over
+
+
+def test_outcomes_are_judged_under_the_decision_that_drafted_them():
+    """A proposer that reads a step's outcomes only after its next decision (vLLM's draft: draft.py) hands step()
+    the decision it held before; the governor's spell counts the steps the governor's mode drafted, never a
+    probe's."""
+    loop = _loop()
+    drafted_by = loop.decision
+    assert loop.override(1) == 1 and not loop.decision.spell  # this step: a probe
+    loop.step(0.5, 2, [1], [1], drafted_by)  # the last step's windows: the policy's
+    assert loop.governor.spell.steps == 0  # (the first step has no time: nothing to judge yet)
+    loop.step(1.0, 2, [1], [1], drafted_by)
+    assert loop.governor.spell.steps == 1
+    loop.step(1.5, 2, [1], [1], Decision(False, "probe 1"))
+    loop.step(2.0, 2, [1], [1])  # (no decision given: the last override's, the probe)
+    assert loop.governor.spell.steps == 1
+
+
+def test_the_log_has_a_line_per_judged_step(tmp_path, monkeypatch):
+    """DISCO_CLOSED_LOOP_LOG: each step's outcomes with the decision that drafted them (the probes in order)."""
+    path = tmp_path / "loop.jsonl"
+    monkeypatch.setenv("DISCO_CLOSED_LOOP_LOG", str(path))
+    loop, clock, last = _loop(), [0.0], (0, 0)
+    for _ in range(14):
+        k = _step(loop, clock, 2, last, stale=False)
+        last = (k or 0, k or 0)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["decided"] for x in lines[:12]] == [f"probe {k}" for k in [1, 2, 4, 8] * 3]
+    assert [x["drafted"] for x in lines[:12]] == [[k, k] for k in [1, 2, 4, 8] * 3]
+    assert len(lines) == 13 and lines[12]["decided"] == "policy" and lines[12]["batch"] == 2
 
 
 def test_an_off_governor_skips_the_draft_and_stale_requests_wait():

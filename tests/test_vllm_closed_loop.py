@@ -5,6 +5,8 @@ falling back to a fixed length where the policy's drafting loses. The modules' o
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from closed_loop_clock import SEED, matches, scaled, synthetic_clock
 from tiny import save_char_tiny, tiny_vllm_qwen
@@ -20,7 +22,7 @@ from vllm_pair import (  # noqa: F401 -- pytest fixtures
     vllm_generate,
 )
 
-from disco.base.defaults import GOVERNOR_HOLD, GOVERNOR_WINDOW
+from disco.base.defaults import CLOSED_LOOP_PROBES, GOVERNOR_HOLD, GOVERNOR_WINDOW
 from disco.base.options import PairOptions
 from disco.loop.pair import load_pair
 from disco.policies.policy_registry import PolicySpec
@@ -91,6 +93,23 @@ def test_the_governor_falls_back_where_drafting_loses(losing, ids, reference):
     assert proposer.n_skipped >= GOVERNOR_HOLD, (proposer.n_skipped, gov.mode, gov.estimates, gov.policy_speedup)
     want = [vllm_generate(p, SpecConfig(), [prompt], 96)[0][0] for prompt in ids[:2]]
     assert outs == want
+
+
+def test_the_log_pairs_each_step_with_the_decision_that_drafted_it(pair, ids, spec, tmp_path, monkeypatch):
+    """vLLM's draft reads a step's outcomes only after the next step's decision (draft.py): each outcome is judged,
+    and logged (DISCO_CLOSED_LOOP_LOG), under the decision that drafted it, so the first band's probe lines show
+    exactly their probe's length verified, in the probes' order."""
+    path = tmp_path / "loop.jsonl"
+    monkeypatch.setenv("DISCO_CLOSED_LOOP_LOG", str(path))
+    proposer = pair.target_engine.proposer(spec)
+    proposer.set_policy(PolicySpec("threshold", threshold=0.4), SEED, closed_loop=True)
+    vllm_generate(pair, spec, [ids[0]], 40)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    widths = [k for k in CLOSED_LOOP_PROBES if k <= K_MAX]
+    probes = [f"probe {widths[i % len(widths)]}" for i in range(3 * len(widths))]
+    assert [x["decided"] for x in lines[: len(probes)]] == probes
+    assert [x["drafted"] for x in lines[: len(probes)]] == [[int(p.split()[1])] for p in probes]
+    assert all(x["batch"] == 1 and x["tokens"] == x["drafted"][0] + 1 for x in lines[: len(probes)])
 
 
 def test_settings_turn_the_closed_loop_on(monkeypatch):

@@ -4,7 +4,9 @@ the offline priors (an artifact's model, a `disco profile`) corrected by what th
 One object per proposer, fed at three moments of its step:
 
     step(now, tokens, drafted, accepted)   a step begins: the target step that just ran (its tokens, the time since
-                                           the last step's drafting ended) and the verified windows' outcomes
+                                           the last step's drafting ended) and the verified windows' outcomes,
+                                           judged under the decision that drafted them (`decision`, taken before
+                                           this step's override when the outcomes are read after it: vllm/draft.py)
     position(batch, seconds)               one batched draft position ran
     ended(now)                             this step's drafting is over (the target step starts)
 
@@ -19,6 +21,10 @@ GOVERNOR_MAX_HOLD steps).
 The online calibration of the classifier's probabilities (online_calibration.OnlineCalibration) is held here and
 applied where the probabilities are made (batch_policy.BatchClassifier), on the device.
 
+With DISCO_CLOSED_LOOP_LOG set to a file, every judged step appends a JSON line there (the step's requests, tokens,
+seconds, what decided it, what was drafted and accepted, the governor's mode and estimates): what the loop did in a
+serving process, after the fact.
+
 disco's own loop (decode.py, one request at a time) runs the same loop at batch 1 through the policy interface
 alone: ClosedLoopPolicy wraps the policy a generation runs and times the round from its calls, LoopStream holds
 one ClosedLoop across a stream of requests (a `disco generate --closed-loop` run, a compare row).
@@ -26,15 +32,26 @@ one ClosedLoop across a stream of requests (a `disco generate --closed-loop` run
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Sequence
+from typing import NamedTuple, TextIO
 
 import torch
 
-from disco.base.defaults import CLOSED_LOOP_PROBES
+from disco.base.defaults import CLOSED_LOOP_LOG_ENV, CLOSED_LOOP_PROBE_SHARE, CLOSED_LOOP_PROBES
 from disco.core.cost import CostModel
 from disco.online.governor import Governor
 from disco.online.online_calibration import OnlineCalibration
 from disco.online.online_costs import OnlineCosts
+
+
+class Decision(NamedTuple):
+    """What decided a step: `spell` (it ran the governor's mode: its time judges the spell) and a label for the log
+    ("policy", "probe k", "fixed k", "off", "stale")."""
+
+    spell: bool
+    label: str
 
 
 class ClosedLoop:
@@ -61,32 +78,83 @@ class ClosedLoop:
         # the first steps at each batch size band (1, 2, 4, 8, ...: the largest power of two <= the batch) draft at
         # fixed lengths across the window (CLOSED_LOOP_PROBES, as the window allows), three times each, so that the
         # table measures target steps of that band's widths and its draft positions whatever the seed makes the
-        # policy do: a seed under which no window pays would otherwise never draft, and never learn it was wrong;
-        # bands past one probe only the short lengths (the long ones cost most where many requests share a step)
+        # policy do: a seed under which no window pays would otherwise never draft, and never learn it was wrong.
+        # A later band probes the narrowest length (its draft positions get timed) and, of the short ones (the long
+        # ones cost most where many requests share a step), those the governor's estimate at its batch (the
+        # acceptance seen so far, the table extrapolated from the bands timed) does not already rule out
         self._widths = [k for k in CLOSED_LOOP_PROBES if k <= max_window] or [max_window]
         self._probes: dict[int, list[int]] = {}  # each band's probe lengths still to run
         self.off = False  # this step the governor drafts nothing: the proposer skips the draft's pass
-        self._spell = True  # the step decided last counts in the governor's spells (not a probe, not a rejoin)
+        self.decision = Decision(True, "policy")  # what decided the last step (override)
         self._started: float | None = None  # when the last step's propose began
         self._ended: float | None = None  # when the last step's drafting ended (its target step began)
+        self._steps = 0
+        path = os.environ.get(CLOSED_LOOP_LOG_ENV)
+        self._log: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (the process's)
 
     def _band_probes(self, batch: int) -> list[int]:
         band = 1 << (max(batch, 1).bit_length() - 1)
         if band not in self._probes:
-            widths = self._widths if not self._probes else [k for k in self._widths if k <= 4]
+            widths = self._widths if not self._probes else self._later_widths(batch)
             self._probes[band] = [widths[i % len(widths)] for i in range(3 * len(widths))]
         return self._probes[band]
 
-    def step(self, now: float, tokens: int, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+    def _later_widths(self, batch: int) -> list[int]:
+        """The probe lengths of a band past the first: of the short ones (<= 4), those up to the one the governor
+        estimates best at `batch` (the narrowest at least: the band's draft positions get timed), and the longer
+        ones whose estimate is within CLOSED_LOOP_PROBE_SHARE of the best (k = 0 included); all short ones before
+        the table is warm or any window was judged. (The estimate's costs past the bands timed are extrapolated:
+        its ranking of nearby lengths is what it is trusted with, not its scale.)"""
+        short = [k for k in self._widths if k <= 4]
+        est = self.governor.fixed_speedups(self.costs.cost_model(), batch) if self.costs.warm else None
+        if est is None:
+            return short
+        top = max(short, key=lambda k: est[k])
+        best = max(float(est[0]), float(est[top]))
+        return [k for k in short if k <= top or est[k] >= CLOSED_LOOP_PROBE_SHARE * best]
+
+    def step(
+        self,
+        now: float,
+        tokens: int,
+        drafted: Sequence[int],
+        accepted: Sequence[int],
+        decision: Decision | None = None,
+    ) -> None:
         """A step begins: the target step that just ran over `tokens` tokens (timed from the end of the last
         drafting: the target's forward, sampling and vLLM's scheduling, as `disco profile` times it) and the
         outcomes of the windows it verified (each decode request's drafted and accepted length; all of the last
-        step's wall time, for the governor)."""
-        if self._ended is not None and 0 < tokens <= self.max_batch * (self.max_window + 1):
-            self.costs.observe_step(tokens, now - self._ended)
+        step's wall time, for the governor), judged under `decision` (None: the last override's; a caller that
+        reads the outcomes only after this step's override passes the one it held before)."""
+        decision = decision or self.decision
+        target = now - self._ended if self._ended is not None else None
+        if target is not None and 0 < tokens <= self.max_batch * (self.max_window + 1):
+            self.costs.observe_step(tokens, target)
         if self._started is not None and len(drafted):
-            self.governor.observe(drafted, accepted, now - self._started, spell=self._spell)
+            self.governor.observe(drafted, accepted, now - self._started, spell=decision.spell)
+            if self._log is not None:
+                self._write(now - self._started, target, tokens, drafted, accepted, decision)
         self._started = now
+
+    def _write(
+        self,
+        seconds: float,
+        target: float | None,
+        tokens: int,
+        drafted: Sequence[int],
+        accepted: Sequence[int],
+        decision: Decision,
+    ) -> None:
+        self._steps += 1
+        g = self.governor
+        line = {
+            "step": self._steps, "batch": len(drafted), "tokens": tokens, "seconds": round(seconds, 5),
+            "target_s": None if target is None else round(target, 5), "decided": decision.label,
+            "drafted": [int(d) for d in drafted], "accepted": [int(a) for a in accepted],
+            "governor": "policy" if g.mode is None else g.mode, "trial": g.trial,
+            "policy_speedup": g.policy_speedup, "estimates": None if g.estimates is None else g.estimates.round(3).tolist(),
+        }  # fmt: skip
+        self._log.write(json.dumps(line) + "\n")  # type: ignore[union-attr]
 
     def position(self, batch: int, seconds: float) -> None:
         if 0 < batch <= self.max_batch:
@@ -108,15 +176,17 @@ class ClosedLoop:
         band, else the governor's choice, judged on this process's own costs once they are measured (before, the
         seed's absolute numbers may be another machine's). stale: a request in the batch missed the draft's pass
         in an off step (it cannot draft: the policy waits at k = 0, pass on, until no such request is left)."""
-        self.off, self._spell = False, False
+        self.off = False
         probes = self._band_probes(batch)
         if probes and not stale and self.governor.mode != 0:
+            self.decision = Decision(False, f"probe {probes[0]}")
             return probes.pop(0)
         k = self.governor.choose(self.costs.cost_model() if self.costs.warm else None)
         if k == 0 and self.skip_idle:
-            self.off, self._spell = True, True
+            self.off, self.decision = True, Decision(True, "off")
             return 0
         if stale:  # back from an off spell: the stale requests finish before the policy's trial counts
+            self.decision = Decision(False, "stale")
             return 0
-        self._spell = True
+        self.decision = Decision(True, "policy" if k is None else f"fixed {k}")
         return k

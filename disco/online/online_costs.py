@@ -18,7 +18,8 @@ How a bucket's cost is estimated (one rule for target steps by tokens and draft 
   fault, a first use of a shape; a median ignores anything short of half its window); it is pooled with its
   neighbours' (sizes within ~10 %, by their counts) and with the global ratio (the median log(seconds / prior) of
   the kind's last observations, whatever their bucket) at two observations' worth; the buckets in between take
-  the ratio interpolated, those past the observed sizes the nearest one's, and with no bucket at three
+  the ratio interpolated, those past the observed sizes the nearest one's (target steps: never less than the
+  measured trend continued, a line fitted to the upper observed sizes' medians), and with no bucket at three
   observations yet every bucket takes the global ratio. So a seed wrong by any factor (×3 from another machine,
   ×⅓ from an in-process profile) is corrected in every bucket, observed or not, at the first observation of each
   kind, and keeps only its shape; a kind with no observation yet (no draft position timed) takes the other kind's
@@ -92,6 +93,9 @@ class CostTable:
     window: int = ONLINE_COST_WINDOW
     shrink: float = 2.0  # observations' worth of the global ratio in a bucket's estimate
     bandwidth: float = 0.1  # the neighbourhood a bucket's estimate pools, in log size (~10 % more or fewer tokens)
+    # sizes past the observed ones follow the measured trend if steeper than the prior's: target steps by tokens
+    # (the windows reach past the probed widths; draft positions by batch are timed at every band's probes)
+    trend: bool = False
     ring: np.ndarray = field(init=False)  # (n, window) the last observations of each bucket, NaN where none yet
     ratios: np.ndarray = field(init=False)  # the last log(seconds / prior) of any bucket: the global correction
     count: np.ndarray = field(init=False)  # (n,) observations of each bucket so far
@@ -137,6 +141,18 @@ class CostTable:
         near = m * np.exp(-0.5 * ((size[seen][:, None] - size[seen][None, :]) / self.bandwidth) ** 2)
         ratios = (near @ own + self.shrink * glob) / (near.sum(1) + self.shrink)
         est = self.prior * np.exp(np.interp(size, size[seen], ratios))  # between them; past them the nearest's
+        last = int(seen[-1])
+        if self.trend and last + 1 < len(est):
+            # past the largest observed size, a size costs at least what the measured trend says: the line fitted
+            # to the observed medians of the upper two thirds of the observed sizes, if they span a quarter of the
+            # largest (a prior shallower than this process, such as the default's, makes the tokens past the probed
+            # widths look cheap to the cost rules; two neighbouring sizes' noise would make any slope)
+            upper = seen >= (last + 1) / 3
+            if seen[upper][-1] - seen[upper][0] >= (last + 1) / 4:
+                x, y, w = seen[upper].astype(np.float64), _median(self.ring[seen], m)[upper], m[upper]
+                xm, ym = np.average(x, weights=w), np.average(y, weights=w)
+                slope = max(0.0, float(np.sum(w * (x - xm) * (y - ym)) / np.sum(w * (x - xm) ** 2)))
+                est[last + 1 :] = np.maximum(est[last + 1 :], est[last] + slope * np.arange(1, len(est) - last))
         weights = np.full(len(est), _UNSEEN_WEIGHT)
         weights[seen] = np.minimum(self.count[seen], self.window)
         return _isotonic(est, weights)
@@ -164,7 +180,7 @@ class OnlineCosts:
             draft_prior = _extend(base.c_draft, max_batch)
         else:  # a batched position over b rows, shaped like a target step over b tokens, at c_d for one
             draft_prior = base.c_d * step_prior[:max_batch] / step_prior[0]
-        self.steps = CostTable(np.maximum(step_prior, 1e-12), window)
+        self.steps = CostTable(np.maximum(step_prior, 1e-12), window, trend=True)
         self.drafts = CostTable(np.maximum(draft_prior, 1e-12), window)
         self._model: CostModel | None = None
         self._next_build = 0  # observations (both kinds) at which the cached model is rebuilt

@@ -189,6 +189,8 @@ class _DiscoDraft:
         t0 = time.perf_counter()
         cad = kwargs["common_attn_metadata"]
         n = cad.batch_size()
+        # the last step's decision: its windows' outcomes are read at the end of this one, after this step's choice
+        judged = self.loop.decision if self.loop is not None else None
         self._step = self._begin(n, num_speculative_tokens, kwargs["next_token_ids"], cad, kwargs)
         step = self._step
         k = num_speculative_tokens if step.may_draft else 0  # 0: vLLM only keeps the draft's KV in sync
@@ -208,7 +210,7 @@ class _DiscoDraft:
         self.n_positions += step.pos
         windows = step.windows()
         if self.loop is not None:  # the target step that ran before this one, the windows it verified
-            self.loop.step(t0, int(cad.query_start_loc_cpu[n]), step.verified, step.accepted_now)
+            self.loop.step(t0, int(cad.query_start_loc_cpu[n]), step.verified, step.accepted_now, judged)
             self.loop.ended(time.perf_counter())
         return windows
 
