@@ -169,6 +169,10 @@ def server_command(a: argparse.Namespace, config: dict, port: int) -> list[str]:
 def start_server(a: argparse.Namespace, config: dict, port: int, log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib), **a.env, **config["env"]}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)  # disco importable
+    # a disco closed loop's steps beside the server's log (read by the loop only when its settings turn it on)
+    env.setdefault(
+        "DISCO_CLOSED_LOOP_LOG", str(log_path.with_name(log_path.name.replace(".server.log", ".loop.jsonl")))
+    )
     log = open(log_path, "w")  # noqa: SIM115 -- the child holds it; closed in stop_server
     log.write("$ " + shlex.join(server_command(a, config, port)) + "\n")
     log.write("env: " + json.dumps({"VLLM_CPU_KVCACHE_SPACE": env["VLLM_CPU_KVCACHE_SPACE"], **a.env, **config["env"]}))

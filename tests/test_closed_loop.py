@@ -484,6 +484,20 @@ def test_outcomes_are_judged_under_the_decision_that_drafted_them():
     assert loop.governor.spell.steps == 1
 
 
+def test_a_step_with_a_prefill_judges_no_spell():
+    """A step whose target step also ran a new request's prefill (more tokens than its decode requests verified):
+    its outcomes teach the acceptance estimates, its seconds judge no spell (they are mostly the prefill's)."""
+    loop = _loop()
+    policy = Decision(True, "policy")
+    loop.step(0.0, 4, [1, 1], [1, 1], policy)
+    loop.step(0.5, 4, [1, 1], [1, 1], policy)  # two requests verifying one draft each: 4 tokens
+    assert loop.governor.spell.steps == 1
+    judged = loop.governor.judged.copy()
+    loop.step(3.0, 4 + 300, [1, 1, 0], [1, 0, 0], policy)  # and a third request's 300-token prompt
+    assert loop.governor.spell.steps == 1
+    assert loop.governor.judged[0] > judged[0]
+
+
 def test_the_log_has_a_line_per_judged_step(tmp_path, monkeypatch):
     """DISCO_CLOSED_LOOP_LOG: each step's outcomes with the decision that drafted them (the probes in order)."""
     path = tmp_path / "loop.jsonl"

@@ -131,7 +131,12 @@ class ClosedLoop:
         if target is not None and 0 < tokens <= self.max_batch * (self.max_window + 1):
             self.costs.observe_step(tokens, target)
         if self._started is not None and len(drafted):
-            self.governor.observe(drafted, accepted, now - self._started, spell=decision.spell)
+            # a step that also ran a prefill (more tokens than its decode requests' verification) teaches the
+            # acceptance estimates but judges no spell: its seconds are the new request's (the fixed lengths'
+            # estimates, from the cost table of decode steps, carry none)
+            decode = int(sum(drafted)) + len(drafted)
+            spell = decision.spell and tokens <= decode
+            self.governor.observe(drafted, accepted, now - self._started, spell=spell)
             if self._log is not None:
                 self._write(now - self._started, target, tokens, drafted, accepted, decision)
         self._started = now

@@ -17,7 +17,10 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   over with it. So a policy losing from its start is replaced after GOVERNOR_WINDOW steps, one that starts losing
   later within 9/8 GOVERNOR_WINDOW steps of the change;
 - on a fixed length it moves to another only when that one's estimate beats it (as estimated, or as measured over
-  its last GOVERNOR_WINDOW steps if lower) by the margin; after a hold
+  its last GOVERNOR_WINDOW steps if lower; k = 0 over a full window only) by the margin, judged from
+  GOVERNOR_WINDOW / 4 steps on
+  (so a shift in acceptance that moves the best length twice moves it within two quarters, not two windows);
+  after a hold
   (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
   GOVERNOR_WINDOW steps judged by the same rule. A policy that wins again is back within GOVERNOR_MAX_HOLD +
   GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW / (GOVERNOR_WINDOW +
@@ -244,21 +247,25 @@ class Governor:
             self._enter(None)
             self.trial = True
             return None
-        if self._judging():  # another fixed length, only when it beats this one by the margin
+        if self._judging(self.window // 4):  # another fixed length, only when it beats this one by the margin
             est = self.fixed_speedups(costs)
             if est is not None:
                 self.estimates = est.copy()
                 # this length as measured over its last `window` steps, if lower: a shift in acceptance shows there
-                # within window / 2 steps, while the estimates' decayed counts take ~GOVERNOR_MEMORY steps
-                est[self.mode] = min(est[self.mode], self.spell.speedup(costs))
+                # within window / 2 steps, while the estimates' decayed counts take ~GOVERNOR_MEMORY steps. k = 0 is
+                # measured only over a full window: its speed is target-only's by definition, and a few steps' wall
+                # time (with the proposer's own time in it, which no estimate carries) would move it for nothing
+                if self.mode > 0 or self.spell.full:
+                    est[self.mode] = min(est[self.mode], self.spell.speedup(costs))
                 best = int(np.nanargmax(est))
                 if est[best] > est[self.mode] * (1.0 + self.margin):
                     self._enter(best)
         return self.mode
 
-    def _judging(self) -> bool:
-        """Judge a spell once it has `window` steps, then every window / 8 steps (its cost stays off most steps)."""
-        return self.spell.full and self.spell.steps % max(self.window // 8, 1) == 0
+    def _judging(self, steps: int | None = None) -> bool:
+        """Judge a spell once it has `steps` steps (default: `window`), then every window / 8 steps (its cost stays
+        off most steps)."""
+        return self.spell.steps >= (steps or self.window) and self.spell.steps % max(self.window // 8, 1) == 0
 
     def _enter(self, mode: int | None) -> None:
         self.mode = mode

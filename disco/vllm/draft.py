@@ -231,10 +231,16 @@ class _DiscoDraft:
         the host sends what it knows (_known) in one copy and waits for nothing."""
         tables = self._tables = self._tables or _Tables(self.device, self._k_most())
         states, known = self._known(n, cad)
+        loop = self.loop
+        by_policy = self.decider is self.policy  # the windows verified now: the policy's (not a fixed length's)
+        self.decider = self._decider(loop, states)
+        # the features' context only where the policy decides (a fixed length reads none: a row's tokens then fall
+        # behind in the tables and are sent again, `reload`, at its next step the policy decides)
+        features = self.policy.reads_features and self.decider is self.policy
         ib = self._runner.input_batch
         # rows whose tables row lacks tokens vLLM has (a new request, one back from preemption): theirs too
         reload = [i for i, st in enumerate(states) if tables.held.get(st.request_id, 0) < known[i, _DONE]]
-        reload = reload if self.policy.reads_features else []
+        reload = reload if features else []
         sent = tables.to_device(
             np.concatenate([known.ravel(), *(ib.token_ids_cpu[i, : known[i, _DONE]] for i in reload)])
         )
@@ -244,12 +250,10 @@ class _DiscoDraft:
         accepted = torch.where(verified > 0, verified - (rejected[:n].long() if rejected is not None else 0), 0)
         state = tables.state.take(rows[:, _SLOT])
         self.policy.update(state, verified, accepted)
-        loop = self.loop
-        if loop is not None and loop.calibration is not None and self.decider is self.policy:
+        if loop is not None and loop.calibration is not None and by_policy:
             # what vLLM verified of the windows the classifier drafted last step (its p's, in the tables)
             loop.calibration.observe_windows(tables.p[rows[:, _SLOT]], verified, accepted)
         batch = Batch.under(states, loop.cost_model() if loop is not None else self.load, self._k_most(), state)
-        self.decider = self._decider(loop, states)
         drafts = self.decider.drafts(batch)
         tables.state.put(rows[:, _SLOT], state)
         # a mask on the host is read for free; one the policy makes on the device (cost-adaptive's forecasts) is
@@ -258,7 +262,7 @@ class _DiscoDraft:
         may_draft = bool(drafts.any()) if on_host else True
         live = tables.to_device(drafts) if on_host else drafts
         context = None
-        if self.policy.reads_features:
+        if features:
             context = self._contexts(known, rows, reload, sent[known.size :], accepted, next_token_ids[:n], k_max)
         self.decider.start(batch, self.device)
         return _Step(self, states, known, rows[:, _SLOT], accepted, live, may_draft, k_max, context)
