@@ -165,8 +165,6 @@ CALIBRATION_PRIOR = 1.0  # L2 pull of (a, b) toward the identity (1, 0), in outc
 # the closed loop's first steps draft at these fixed lengths in turn, three times each (as the window allows): the
 # cost table then holds measured steps of several widths and draft positions whatever the seed says pays
 CLOSED_LOOP_PROBES = (1, 2, 4, 8)
-# a later batch band probes a short length only if its estimated speedup there is within this share of the best's
-CLOSED_LOOP_PROBE_SHARE = 0.9
 # set to a file: one JSON line there per step the closed loop judged (online/closed_loop.py)
 CLOSED_LOOP_LOG_ENV = "DISCO_CLOSED_LOOP_LOG"
 GOVERNOR_WINDOW = 32  # steps the governor judges on (a spell of the policy, a trial, a fixed length)

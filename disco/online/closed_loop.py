@@ -39,7 +39,7 @@ from typing import NamedTuple, TextIO
 
 import torch
 
-from disco.base.defaults import CLOSED_LOOP_LOG_ENV, CLOSED_LOOP_PROBE_SHARE, CLOSED_LOOP_PROBES
+from disco.base.defaults import CLOSED_LOOP_LOG_ENV, CLOSED_LOOP_PROBES
 from disco.core.cost import CostModel
 from disco.online.governor import Governor
 from disco.online.online_calibration import OnlineCalibration
@@ -78,10 +78,11 @@ class ClosedLoop:
         # the first steps at each batch size band (1, 2, 4, 8, ...: the largest power of two <= the batch) draft at
         # fixed lengths across the window (CLOSED_LOOP_PROBES, as the window allows), three times each, so that the
         # table measures target steps of that band's widths and its draft positions whatever the seed makes the
-        # policy do: a seed under which no window pays would otherwise never draft, and never learn it was wrong.
-        # A later band probes the narrowest length (its draft positions get timed) and, of the short ones (the long
-        # ones cost most where many requests share a step), those the governor's estimate at its batch (the
-        # acceptance seen so far, the table extrapolated from the bands timed) does not already rule out
+        # policy do: a seed under which no window pays would otherwise never draft, and never learn it was wrong;
+        # bands past one probe only the short lengths (the long ones cost most where many requests share a step).
+        # All of them: a band probing only what the estimate did not rule out never timed the widths a seed
+        # steeper than this machine priced out (bench/results/closed-loop.md, "2026-12-03, fourth sweep": another
+        # machine's profile)
         self._widths = [k for k in CLOSED_LOOP_PROBES if k <= max_window] or [max_window]
         self._probes: dict[int, list[int]] = {}  # each band's probe lengths still to run
         self.off = False  # this step the governor drafts nothing: the proposer skips the draft's pass
@@ -95,23 +96,9 @@ class ClosedLoop:
     def _band_probes(self, batch: int) -> list[int]:
         band = 1 << (max(batch, 1).bit_length() - 1)
         if band not in self._probes:
-            widths = self._widths if not self._probes else self._later_widths(batch)
+            widths = self._widths if not self._probes else [k for k in self._widths if k <= 4]
             self._probes[band] = [widths[i % len(widths)] for i in range(3 * len(widths))]
         return self._probes[band]
-
-    def _later_widths(self, batch: int) -> list[int]:
-        """The probe lengths of a band past the first: of the short ones (<= 4), those up to the one the governor
-        estimates best at `batch` (the narrowest at least: the band's draft positions get timed), and the longer
-        ones whose estimate is within CLOSED_LOOP_PROBE_SHARE of the best (k = 0 included); all short ones before
-        the table is warm or any window was judged. (The estimate's costs past the bands timed are extrapolated:
-        its ranking of nearby lengths is what it is trusted with, not its scale.)"""
-        short = [k for k in self._widths if k <= 4]
-        est = self.governor.fixed_speedups(self.costs.cost_model(), batch) if self.costs.warm else None
-        if est is None:
-            return short
-        top = max(short, key=lambda k: est[k])
-        best = max(float(est[0]), float(est[top]))
-        return [k for k in short if k <= top or est[k] >= CLOSED_LOOP_PROBE_SHARE * best]
 
     def step(
         self,

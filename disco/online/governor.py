@@ -183,17 +183,12 @@ class Governor:
         assert self._times is not None
         return self._times
 
-    def fixed_speedups(self, costs: CostModel, batch: int | None = None) -> np.ndarray | None:
-        """(K + 1,) the estimated speedup over target-only of fixed k = 0 .. K on the spell's steps (batch: on steps
-        of `batch` requests instead)."""
+    def fixed_speedups(self, costs: CostModel) -> np.ndarray | None:
+        """(K + 1,) the estimated speedup over target-only of fixed k = 0 .. K on the spell's steps."""
         alpha = self.alphas()
         if alpha is None:
             return None
-        if batch is None:
-            sizes = self.spell.sizes()
-        else:
-            sizes = np.zeros(self.max_batch + 1, dtype=np.int64)
-            sizes[min(max(batch, 1), self.max_batch)] = 1
+        sizes = self.spell.sizes()
         expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(alpha))])  # E_k, k = 0 .. K
         ran = np.flatnonzero(sizes)  # the batch sizes the steps ran (the others' times may be inf: unused)
         tokens = (sizes[ran] * ran).sum() * expected
