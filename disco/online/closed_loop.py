@@ -89,7 +89,6 @@ class ClosedLoop:
         self.decision = Decision(True, "policy")  # what decided the last step (override)
         self._started: float | None = None  # when the last step's propose began
         self._ended: float | None = None  # when the last step's drafting ended (its target step began)
-        self._steps = 0
         path = os.environ.get(CLOSED_LOOP_LOG_ENV)
         self._log: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (the process's)
 
@@ -137,10 +136,9 @@ class ClosedLoop:
         accepted: Sequence[int],
         decision: Decision,
     ) -> None:
-        self._steps += 1
         g = self.governor
         line = {
-            "step": self._steps, "batch": len(drafted), "tokens": tokens, "seconds": round(seconds, 5),
+            "step": g.steps, "batch": len(drafted), "tokens": tokens, "seconds": round(seconds, 5),
             "target_s": None if target is None else round(target, 5), "decided": decision.label,
             "drafted": [int(d) for d in drafted], "accepted": [int(a) for a in accepted],
             "governor": "policy" if g.mode is None else g.mode, "trial": g.trial,

@@ -134,7 +134,8 @@ class CostTable:
         if len(seen) == 0:
             return _isotonic(self.prior * np.exp(glob), np.ones(len(self.prior)))
         m = np.minimum(self.count[seen], self.window)
-        own = np.log(_median(self.ring[seen], m) / self.prior[seen])
+        medians = _median(self.ring[seen], m)
+        own = np.log(medians / self.prior[seen])
         # each observed bucket's log ratio: its neighbours' medians too (sizes within ~bandwidth of its own, by their
         # counts) and the global ratio at `shrink` observations' worth; the others' interpolated between them
         size = np.log(np.arange(1, len(self.prior) + 1))
@@ -149,7 +150,7 @@ class CostTable:
             # widths look cheap to the cost rules; two neighbouring sizes' noise would make any slope)
             upper = seen >= (last + 1) / 3
             if seen[upper][-1] - seen[upper][0] >= (last + 1) / 4:
-                x, y, w = seen[upper].astype(np.float64), _median(self.ring[seen], m)[upper], m[upper]
+                x, y, w = seen[upper].astype(np.float64), medians[upper], m[upper]
                 xm, ym = np.average(x, weights=w), np.average(y, weights=w)
                 slope = max(0.0, float(np.sum(w * (x - xm) * (y - ym)) / np.sum(w * (x - xm) ** 2)))
                 est[last + 1 :] = np.maximum(est[last + 1 :], est[last] + slope * np.arange(1, len(est) - last))
