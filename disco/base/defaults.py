@@ -156,6 +156,9 @@ ONLINE_COST_REBUILD = (
     64  # observations between two rebuilds of the cost model (after 1, 2, 4, ..., 32 while warming up)
 )
 ONLINE_COST_WARMUP = 8  # observations of each kind (target steps, draft positions) before the table counts as measured
+# a seed profile whose cost ratio between two timed sizes is off this process's by more than this factor, either way,
+# is another process's: its shape is dropped (online_costs.OnlineCosts); noise moves a ratio of medians ~20 %
+SEED_SHAPE_TOLERANCE = 1.5
 CALIBRATION_BUFFER = 512  # verified outcomes kept per draft position (a ring)
 CALIBRATION_HALF_LIFE = 128  # outcomes after which an outcome weighs half in the fit (a shift shows within ~1.6x this)
 CALIBRATION_MIN = 64  # outcomes of a position before its calibration leaves the identity
@@ -165,6 +168,8 @@ CALIBRATION_PRIOR = 1.0  # L2 pull of (a, b) toward the identity (1, 0), in outc
 # the closed loop's first steps draft at these fixed lengths in turn, three times each (as the window allows): the
 # cost table then holds measured steps of several widths and draft positions whatever the seed says pays
 CLOSED_LOOP_PROBES = (1, 2, 4, 8)
+# a later batch band is probed (the short lengths) only if its first this many steps drafted < 1 token a request
+CLOSED_LOOP_BAND_WATCH = 4
 # set to a file: one JSON line there per step the closed loop judged (online/closed_loop.py)
 CLOSED_LOOP_LOG_ENV = "DISCO_CLOSED_LOOP_LOG"
 GOVERNOR_WINDOW = 32  # steps the governor judges on (a spell of the policy, a trial, a fixed length)

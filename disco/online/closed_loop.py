@@ -39,11 +39,16 @@ from typing import NamedTuple, TextIO
 
 import torch
 
-from disco.base.defaults import CLOSED_LOOP_LOG_ENV, CLOSED_LOOP_PROBES
+from disco.base.defaults import CLOSED_LOOP_BAND_WATCH, CLOSED_LOOP_LOG_ENV, CLOSED_LOOP_PROBES
 from disco.core.cost import CostModel
 from disco.online.governor import Governor
 from disco.online.online_calibration import OnlineCalibration
 from disco.online.online_costs import OnlineCosts
+
+
+def _band(batch: int) -> int:
+    """A batch size's band: the largest power of two <= it."""
+    return 1 << (max(batch, 1).bit_length() - 1)
 
 
 class Decision(NamedTuple):
@@ -68,23 +73,25 @@ class ClosedLoop:
         say: Callable[[str], None],
         skip_idle: bool = False,
     ) -> None:
-        self.costs = OnlineCosts(max_batch, max_window, seed)
+        self.costs = OnlineCosts(max_batch, max_window, seed, say=say)
         self.calibration = OnlineCalibration(max_window, device) if calibrate else None
         # idle_position: a step that drafts nothing still runs one draft position (vLLM's catch-up pass); with
         # skip_idle the governor's k = 0 skips it (`off`), so that k = 0 costs what target-only does
         self.skip_idle = skip_idle
         self.governor = Governor(max_window, max_batch, idle_position=idle_position and not skip_idle, say=say)
         self.max_batch, self.max_window = max_batch, max_window
-        # the first steps at each batch size band (1, 2, 4, 8, ...: the largest power of two <= the batch) draft at
-        # fixed lengths across the window (CLOSED_LOOP_PROBES, as the window allows), three times each, so that the
-        # table measures target steps of that band's widths and its draft positions whatever the seed makes the
-        # policy do: a seed under which no window pays would otherwise never draft, and never learn it was wrong;
-        # bands past one probe only the short lengths (the long ones cost most where many requests share a step).
-        # All of them: a band probing only what the estimate did not rule out never timed the widths a seed
-        # steeper than this machine priced out (bench/results/closed-loop.md, "2026-12-03, fourth sweep": another
-        # machine's profile)
+        # the first steps of the first batch size band (1, 2, 4, 8, ...: the largest power of two <= the batch) draft
+        # at fixed lengths across the window (CLOSED_LOOP_PROBES, as the window allows), three times each, so that
+        # the table measures target steps of several widths and draft positions whatever the seed makes the policy
+        # do: a seed under which no window pays would otherwise never draft, and never learn it was wrong (and a
+        # seed whose shape these steps refute is dropped: online_costs.OnlineCosts). A later band is probed (the
+        # short lengths: the long ones cost most where many requests share a step) only if its first
+        # CLOSED_LOOP_BAND_WATCH steps drafted less than a token a request: where the policy or the governor
+        # drafts, its own steps time the band's widths and positions, and probing them again cost 11-23 % of a
+        # level's steps at ~87 % of its rate (bench/results/closed-loop.md, "fourth sweep")
         self._widths = [k for k in CLOSED_LOOP_PROBES if k <= max_window] or [max_window]
         self._probes: dict[int, list[int]] = {}  # each band's probe lengths still to run
+        self._watch: dict[int, list[int]] = {}  # a later band's first steps: [steps, requests, drafted tokens]
         self.off = False  # this step the governor drafts nothing: the proposer skips the draft's pass
         self.decision = Decision(True, "policy")  # what decided the last step (override)
         self._started: float | None = None  # when the last step's propose began
@@ -93,11 +100,26 @@ class ClosedLoop:
         self._log: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (the process's)
 
     def _band_probes(self, batch: int) -> list[int]:
-        band = 1 << (max(batch, 1).bit_length() - 1)
+        band = _band(batch)
         if band not in self._probes:
-            widths = self._widths if not self._probes else [k for k in self._widths if k <= 4]
-            self._probes[band] = [widths[i % len(widths)] for i in range(3 * len(widths))]
+            if self._probes:  # a later band: watched first (_watch_band)
+                self._probes[band], self._watch[band] = [], [0, 0, 0]
+            else:
+                self._probes[band] = [self._widths[i % len(self._widths)] for i in range(3 * len(self._widths))]
         return self._probes[band]
+
+    def _watch_band(self, drafted: Sequence[int]) -> None:
+        """A later band's first steps' drafts; if they drafted less than a token a request, the band's probes."""
+        band = _band(len(drafted))
+        watch = self._watch.get(band)
+        if watch is None:
+            return
+        watch[0], watch[1], watch[2] = watch[0] + 1, watch[1] + len(drafted), watch[2] + int(sum(drafted))
+        if watch[0] >= CLOSED_LOOP_BAND_WATCH:
+            del self._watch[band]
+            if watch[2] < watch[1]:
+                short = [k for k in self._widths if k <= 4]
+                self._probes[band] = [short[i % len(short)] for i in range(3 * len(short))]
 
     def step(
         self,
@@ -123,6 +145,8 @@ class ClosedLoop:
             decode = int(sum(drafted)) + len(drafted)
             spell = decision.spell and tokens <= decode
             self.governor.observe(drafted, accepted, now - self._started, spell=spell)
+            if tokens <= decode:  # (a new request's first step drafted nothing for it: not the band's choice)
+                self._watch_band(drafted)
             if self._log is not None:
                 self._write(now - self._started, target, tokens, drafted, accepted, decision)
         self._started = now

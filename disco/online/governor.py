@@ -26,8 +26,10 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW / (GOVERNOR_WINDOW +
   GOVERNOR_MAX_HOLD) of the steps (3 % at the defaults) in trials once the hold has grown;
 - the estimate of a fixed length is optimistic while the policy runs (alpha comes from the tokens the policy chose to
-  draft, the likelier ones), so where this process ran that length in the last GOVERNOR_MAX_HOLD steps the governor
-  believes the lower of its estimate and its measured speedup;
+  draft, the likelier ones), so where this process ran that length at the same batch band in the last
+  GOVERNOR_MAX_HOLD steps the governor believes the lower of its estimate and its measured speedup, in judging the
+  policy and in moving between fixed lengths (which thus move on measurements, not on the noise between two
+  estimates);
 - when neither the policy nor any fixed length reaches target-only's speed, it says so once (`say`).
 
 Memory: a few arrays of GOVERNOR_WINDOW steps and K positions; per step O(batch x K) numpy, per judgement
@@ -80,6 +82,12 @@ class Spell:
         n = min(self.steps, self.window)
         return np.bincount(self.batch[:n], minlength=self.max_batch + 1)
 
+    def band(self) -> int:
+        """The batch band (the largest power of two <= the batch) of its median step."""
+        n = min(self.steps, self.window)
+        batch = int(np.median(self.batch[:n])) if n else 1
+        return 1 << (max(batch, 1).bit_length() - 1)
+
     def speedup(self, costs: CostModel) -> float:
         """Measured tokens/s over target-only's on the same steps (c_step(b) for b tokens)."""
         n = min(self.steps, self.window)
@@ -124,7 +132,9 @@ class Governor:
         self.until = 0  # the step at which the fixed spell ends in a trial
         self.steps = 0
         self.spell = Spell(window, max_batch)
-        self.last_fixed: tuple[int, Spell] | None = None  # the last fixed spell ran (its length, its last steps)
+        # the last spell of each fixed length at each batch band ((band, k) -> its last steps), measured enough to
+        # judge by (a quarter window; k = 0 a full one)
+        self.ran: dict[tuple[int, int], Spell] = {}
         self.said = False
         self.estimates: np.ndarray | None = None  # the last judgement's speedups of k = 0 .. K (for reports)
         self.policy_speedup: float | None = None
@@ -196,15 +206,15 @@ class Governor:
         return tokens / seconds / _target_rate(sizes, costs)
 
     def _references(self, costs: CostModel) -> np.ndarray | None:
-        """The fixed lengths' speedups as the judgement believes them: the estimate, or for the length run last
-        (within max_hold steps) the lower of the estimate and its measured speedup."""
+        """The fixed lengths' speedups as the judgement believes them: the estimate, or for a length this process
+        ran at this batch band within max_hold steps the lower of the estimate and its measured speedup."""
         est = self.fixed_speedups(costs)
         if est is None:
             return None
         self.estimates = est.copy()
-        if self.last_fixed is not None:
-            k, spell = self.last_fixed
-            if self.steps - spell.started - spell.steps <= self.max_hold:
+        band = self.spell.band()
+        for (b, k), spell in self.ran.items():
+            if b == band and self.steps - spell.started - spell.steps <= self.max_hold:
                 est[k] = min(est[k], spell.speedup(costs))
         return est
 
@@ -238,18 +248,20 @@ class Governor:
     def _fixed(self, costs: CostModel) -> int | None:
         assert self.mode is not None
         if self.steps >= self.until and self.spell.full:  # the hold is over: a trial of the policy
-            self.last_fixed = (self.mode, self.spell)
             self._enter(None)
             self.trial = True
             return None
         if self._judging(self.window // 4):  # another fixed length, only when it beats this one by the margin
-            est = self.fixed_speedups(costs)
+            est = self._references(costs)
             if est is not None:
-                self.estimates = est.copy()
                 # this length as measured over its last `window` steps, if lower: a shift in acceptance shows there
                 # within window / 2 steps, while the estimates' decayed counts take ~GOVERNOR_MEMORY steps. k = 0 is
                 # measured only over a full window: its speed is target-only's by definition, and a few steps' wall
-                # time (with the proposer's own time in it, which no estimate carries) would move it for nothing
+                # time (with the proposer's own time in it, which no estimate carries) would move it for nothing.
+                # The lengths run before at this band are believed as measured too (_references): two lengths whose
+                # estimates are within the noise would otherwise trade places every quarter window, each measured
+                # against the other's optimistic estimate (bench/results/closed-loop.md, "fourth sweep": chat's
+                # k = 1 <-> 2 every 8 steps)
                 if self.mode > 0 or self.spell.full:
                     est[self.mode] = min(est[self.mode], self.spell.speedup(costs))
                 best = int(np.nanargmax(est))
@@ -263,6 +275,8 @@ class Governor:
         return self.spell.steps >= (steps or self.window) and self.spell.steps % max(self.window // 8, 1) == 0
 
     def _enter(self, mode: int | None) -> None:
+        if self.mode is not None and self.spell.steps >= (self.window if self.mode == 0 else self.window // 4):
+            self.ran[(self.spell.band(), self.mode)] = self.spell
         self.mode = mode
         self.spell = Spell(self.window, self.max_batch)
         self.spell.started = self.steps

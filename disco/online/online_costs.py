@@ -25,6 +25,12 @@ How a bucket's cost is estimated (one rule for target steps by tokens and draft 
   kind, and keeps only its shape; a kind with no observation yet (no draft position timed) takes the other kind's
   global ratio (the seed's draft-to-target proportion holds until measured). Measured with ±15 % noise
   (tests/test_closed_loop.py): within 15 % of the truth in every bucket after one step, within 10 % after 20;
+- a seed's shape is dropped when this process refutes it: once a kind has two sizes timed three times each, the
+  larger at least twice the smaller, and their measured cost ratio is off the seed's by more than
+  SEED_SHAPE_TOLERANCE either way (another machine's profile: an AVX2 CPU's bf16 step grows 8x from 1 to 9 tokens
+  where this one's is flat), both kinds take the default's shape instead, once and for good, and `say` tells the
+  process why. Past the timed sizes the seed's shape would otherwise price what no step has timed (the windows a
+  steep seed says cannot pay, at batch sizes not seen yet: bench/results/closed-loop.md, "fourth sweep");
 - monotone: a step over more tokens (a position over more rows) never costs less (stages.step_costs's reason:
   noise must not make an extra token look free to the cost rules), so the table is made non-decreasing by
   weighted isotonic regression (pool adjacent violators; observed buckets weigh their observation count,
@@ -38,11 +44,12 @@ handed out in between (CostModel.at_load caches its views by it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from disco.base.defaults import ONLINE_COST_REBUILD, ONLINE_COST_WARMUP, ONLINE_COST_WINDOW
+from disco.base.defaults import ONLINE_COST_REBUILD, ONLINE_COST_WARMUP, ONLINE_COST_WINDOW, SEED_SHAPE_TOLERANCE
 from disco.core.cost import CostModel
 
 _UNSEEN_WEIGHT = 1e-3  # an unobserved bucket's weight in the isotonic fit: the measured ones decide
@@ -97,7 +104,10 @@ class CostTable:
     # (the windows reach past the probed widths; draft positions by batch are timed at every band's probes)
     trend: bool = False
     ring: np.ndarray = field(init=False)  # (n, window) the last observations of each bucket, NaN where none yet
-    ratios: np.ndarray = field(init=False)  # the last log(seconds / prior) of any bucket: the global correction
+    # the last observations of any bucket (bucket, seconds): the global correction, log(seconds / prior) against
+    # the prior of the moment (a dropped seed's shape is replaced under them)
+    recent: np.ndarray = field(init=False)
+    recent_at: np.ndarray = field(init=False)
     count: np.ndarray = field(init=False)  # (n,) observations of each bucket so far
     observed: int = 0  # observations of this kind so far
     skipped: int = 0  # observations outside the table (a prefill chunk's hundreds of tokens): not decode steps
@@ -105,23 +115,40 @@ class CostTable:
     def __post_init__(self) -> None:
         self.ring = np.full((len(self.prior), self.window), np.nan)
         self.count = np.zeros(len(self.prior), dtype=np.int64)
-        self.ratios = np.zeros(4 * self.window + 1)
+        self.recent = np.ones(4 * self.window + 1)
+        self.recent_at = np.zeros(len(self.recent), dtype=np.int64)
 
-    def observe(self, size: int, seconds: float) -> None:
+    def observe(self, size: int, seconds: float) -> bool:
+        """Keep one observation; True when its bucket just got its third (a size newly timed enough to judge by)."""
         i = size - 1
         if not 0 <= i < len(self.prior) or not seconds > 0:
             self.skipped += 1
-            return
+            return False
         self.ring[i, self.count[i] % self.window] = seconds
         self.count[i] += 1
-        self.ratios[self.observed % len(self.ratios)] = np.log(seconds / self.prior[i])
+        self.recent[self.observed % len(self.recent)], self.recent_at[self.observed % len(self.recent)] = seconds, i
         self.observed += 1
+        return bool(self.count[i] == 3)
 
     def log_ratio(self) -> float | None:
         """The global correction: the median log(seconds / prior) of the last observations of any bucket (None:
         none yet)."""
-        n = min(self.observed, len(self.ratios))
-        return float(np.median(self.ratios[:n])) if n else None
+        n = min(self.observed, len(self.recent))
+        return float(np.median(np.log(self.recent[:n] / self.prior[self.recent_at[:n]]))) if n else None
+
+    def misfit(self) -> str | None:
+        """How this process's costs refute the prior's shape (None: they don't, or too little is timed to say): the
+        smallest and largest sizes timed three times, the larger at least twice the smaller, whose measured ratio
+        is off the prior's by more than SEED_SHAPE_TOLERANCE either way."""
+        seen = np.flatnonzero(self.count >= 3)
+        if len(seen) < 2 or seen[-1] + 1 < 2 * (seen[0] + 1):
+            return None
+        lo, hi = int(seen[0]), int(seen[-1])
+        medians = _median(self.ring[[lo, hi]], np.minimum(self.count[[lo, hi]], self.window))
+        measured, prior = medians[1] / medians[0], self.prior[hi] / self.prior[lo]
+        if abs(np.log(measured / prior)) <= np.log(SEED_SHAPE_TOLERANCE):
+            return None
+        return f"size {hi + 1} costs {measured:.2f}x size {lo + 1} here, {prior:.2f}x in the profile"
 
     def estimate(self, glob: float | None, fallback_log_ratio: float | None) -> np.ndarray:
         """(n,) seconds (or the prior's units, when nothing of either kind was observed), non-decreasing. glob: this
@@ -162,7 +189,8 @@ class CostTable:
 class OnlineCosts:
     """The serving process's running cost table: target steps of 1 .. max_batch x (max_window + 1) tokens, draft
     positions of 1 .. max_batch requests. seed: an offline profile (only its shape survives the first
-    observations), None: the default cost model's shape (a short warm-up sets the scale)."""
+    observations, and not even that where this process refutes it), None: the default cost model's shape (a short
+    warm-up sets the scale). say: told once, if the seed's shape is dropped."""
 
     def __init__(
         self,
@@ -172,27 +200,37 @@ class OnlineCosts:
         window: int = ONLINE_COST_WINDOW,
         rebuild: int = ONLINE_COST_REBUILD,
         warmup: int = ONLINE_COST_WARMUP,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.max_batch, self.max_window, self.rebuild, self.warmup = max_batch, max_window, rebuild, warmup
-        self.seed = seed
-        base = seed if seed is not None else CostModel.default(max_window)
-        step_prior = _extend(base.c_step or base.c_t, max_batch * (max_window + 1))
-        if base.c_draft:
-            draft_prior = _extend(base.c_draft, max_batch)
-        else:  # a batched position over b rows, shaped like a target step over b tokens, at c_d for one
-            draft_prior = base.c_d * step_prior[:max_batch] / step_prior[0]
-        self.steps = CostTable(np.maximum(step_prior, 1e-12), window, trend=True)
-        self.drafts = CostTable(np.maximum(draft_prior, 1e-12), window)
+        self.seed, self.say = seed, say
+        step_prior, draft_prior = self._priors(seed)
+        self.steps = CostTable(step_prior, window, trend=True)
+        self.drafts = CostTable(draft_prior, window)
+        self.dropped: str | None = None  # why the seed's shape was dropped (None: it holds, or there is none)
         self._model: CostModel | None = None
         self._next_build = 0  # observations (both kinds) at which the cached model is rebuilt
 
+    def _priors(self, seed: CostModel | None) -> tuple[np.ndarray, np.ndarray]:
+        """The prior shapes: the seed's, or the default cost model's (a batched draft position over b rows shaped
+        like a target step over b tokens, at c_d for one, where the seed times no batched position)."""
+        base = seed if seed is not None else CostModel.default(self.max_window)
+        step_prior = _extend(base.c_step or base.c_t, self.max_batch * (self.max_window + 1))
+        if base.c_draft:
+            draft_prior = _extend(base.c_draft, self.max_batch)
+        else:
+            draft_prior = base.c_d * step_prior[: self.max_batch] / step_prior[0]
+        return np.maximum(step_prior, 1e-12), np.maximum(draft_prior, 1e-12)
+
     def observe_step(self, tokens: int, seconds: float) -> None:
         """One target step (verification, sampling, scheduling) over `tokens` tokens, all requests together."""
-        self.steps.observe(tokens, seconds)
+        if self.steps.observe(tokens, seconds):
+            self._drop_a_refuted_seed()
 
     def observe_draft(self, batch: int, seconds: float) -> None:
         """One batched draft position for `batch` requests."""
-        self.drafts.observe(batch, seconds)
+        if self.drafts.observe(batch, seconds):
+            self._drop_a_refuted_seed()
 
     @property
     def observed(self) -> int:
@@ -212,11 +250,31 @@ class OnlineCosts:
             self._next_build = n + min(max(n, 1), self.rebuild)
         return self._model
 
+    def _drop_a_refuted_seed(self) -> None:
+        """A seed's shape this process refutes (CostTable.misfit: target steps by tokens, or draft positions by
+        batch) is replaced by the default's in both kinds: the profile is another process's. Checked whenever a size
+        is newly timed three times; the next cost_model() is rebuilt."""
+        if self.seed is None or self.dropped is not None:
+            return
+        why = next((f"{kind}: {m}" for kind, m in (("target steps", self.steps.misfit()),
+                    ("draft positions", self.drafts.misfit())) if m is not None), None)  # fmt: skip
+        if why is None:
+            return
+        self.dropped = why
+        self.steps.prior, self.drafts.prior = self._priors(None)
+        self._next_build = 0
+        if self.say is not None:
+            self.say(
+                f"the profile's cost shape does not fit this process ({why}): its costs are dropped, this "
+                "process's own timings and the default shape price what it has not timed yet"
+            )
+
     def _build(self) -> CostModel:
         step_ratio, draft_ratio = self.steps.log_ratio(), self.drafts.log_ratio()
         c_step = self.steps.estimate(step_ratio, draft_ratio)
         c_draft = self.drafts.estimate(draft_ratio, step_ratio)
-        source = f"online ({self.steps.observed} steps, {self.drafts.observed} draft positions timed)"
+        dropped = "; the profile's shape dropped" if self.dropped else ""
+        source = f"online ({self.steps.observed} steps, {self.drafts.observed} draft positions timed{dropped})"
         return CostModel(
             float(c_draft[0]),
             tuple(float(x) for x in c_step[: self.max_window + 1]),

@@ -4,6 +4,12 @@ governor's fixed lengths, off, stale rejoins; steps that also ran a prefill apar
 produced, then the governor's moves.
 
     python bench/vllm/closed-loop/loop_log.py RAW_DIR/disco-closed-none.loop.jsonl [...]
+    python bench/vllm/closed-loop/loop_log.py LOG --profile-out serve-profile.json   # the costs the server measured
+
+--profile-out writes the step costs the serving process measured, as a `disco profile --engine vllm` file (c_step by
+the step's tokens, c_draft by batch size, medians of its decode steps; sizes it never ran interpolated, and past the
+largest continued along the line through the last two), for the simulators (bench/batch_bound.py --profile): a
+bound computed under the costs of `vllm serve`, not of an in-process profile.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from itertools import accumulate
 from pathlib import Path
 
 
@@ -53,10 +60,58 @@ def summarize(path: Path) -> str:
     return "\n".join(out)
 
 
+def _filled(medians: dict[int, float], n: int) -> list[float]:
+    """Sizes 1 .. n: the measured medians, interpolated between them, flat before the first, and past the last along
+    the line through the last two; made non-decreasing (a running maximum: noise must not make a size cheaper)."""
+    sizes = sorted(medians)
+    out = []
+    for x in range(1, n + 1):
+        if x <= sizes[0]:
+            out.append(medians[sizes[0]])
+        elif x >= sizes[-1]:
+            lo, hi = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (sizes[-1], sizes[-1])
+            slope = max(0.0, (medians[hi] - medians[lo]) / (hi - lo)) if hi > lo else 0.0
+            out.append(medians[hi] + slope * (x - hi))
+        else:
+            lo = max(s for s in sizes if s <= x)
+            hi = min(s for s in sizes if s >= x)
+            w = 0.0 if hi == lo else (x - lo) / (hi - lo)
+            out.append(medians[lo] + w * (medians[hi] - medians[lo]))
+    return list(accumulate(out, max))
+
+
+def serve_profile(paths: list[Path], max_window: int = 8, max_batch: int = 8) -> dict:
+    """The costs the logged steps measured: a target step by its tokens (its target_s), a batched draft position by
+    batch size (the step's other seconds, the proposer's drafting and decisions, over its positions: the longest
+    window, at least vLLM's catch-up pass), medians of the decode steps (no prefill in them)."""
+    steps: dict[int, list[float]] = defaultdict(list)
+    drafts: dict[int, list[float]] = defaultdict(list)
+    for path in paths:
+        for x in (json.loads(line) for line in path.read_text().splitlines() if line.strip()):
+            if x["target_s"] is None or x["tokens"] > sum(x["drafted"]) + len(x["drafted"]):
+                continue
+            steps[x["tokens"]].append(x["target_s"])
+            drafts[x["batch"]].append((x["seconds"] - x["target_s"]) / max(max(x["drafted"]), 1))
+    median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    c_step = _filled({t: median(v) for t, v in steps.items() if len(v) >= 3}, max_batch * (max_window + 1))
+    c_draft = _filled({b: median(v) for b, v in drafts.items() if len(v) >= 3}, max_batch)
+    return {
+        "c_d": c_draft[0], "c_t": c_step[: max_window + 1], "c_step": c_step, "c_draft": c_draft,
+        "source": "vllm serve (closed-loop log)", "unit": "s", "max_window": max_window, "max_batch": max_batch,
+        "logs": [str(p) for p in paths], "timed_sizes": {"tokens": sorted(steps), "batch": sorted(drafts)},
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", nargs="+", type=Path)
-    for path in ap.parse_args().logs:
+    ap.add_argument("--profile-out", type=Path, help="write the logs' measured step costs as a profile JSON")
+    args = ap.parse_args()
+    if args.profile_out:
+        args.profile_out.write_text(json.dumps(serve_profile(args.logs), indent=1) + "\n")
+        print(f"wrote {args.profile_out}")
+        return
+    for path in args.logs:
         print(summarize(path))
 
 
