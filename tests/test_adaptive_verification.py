@@ -15,27 +15,28 @@ from helpers import random_traces, synthetic_trace, write_traces
 from disco.base.errors import DiscoError
 from disco.core.cost import CostModel
 from disco.core.features import FEATURES
-from disco.policies.adaptive_verification import (
+from disco.policies.acceptance_estimator import (
     INIT_BIAS,
     INIT_SLOPE,
     MAX_LOG_ODDS,
-    BatchAdaptiveVerification,
-    BatchLearnedBudget,
+    OnlineAcceptanceEstimator,
+    log_odds,
+    log_odds_from_logits,
+)
+from disco.policies.adaptive_verification import BatchAdaptiveVerification, BatchLearnedBudget
+from disco.policies.artifact_models import Calibration
+from disco.policies.batch_policy import Batch, BatchConstant, RequestState, RowState
+from disco.policies.verify_budget import (
     ClassifierConfidence,
     CostTables,
     LearnedBudget,
-    OnlineAcceptanceEstimator,
     admit,
     budget_curve,
     build_cost_tables_from_curves,
     draft_budget,
     extrapolated,
-    log_odds,
-    log_odds_from_logits,
     select,
 )
-from disco.policies.artifact_models import Calibration
-from disco.policies.batch_policy import Batch, BatchConstant, RequestState, RowState
 from disco.training.fitting import calibration_figures, calibration_report, fit_model, reliability
 from disco.training.simulate import prompt_traces, simulate_adaptive_verification, simulate_batched
 from disco.training.train import TrainConfig, train

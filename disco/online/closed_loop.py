@@ -88,7 +88,7 @@ class ClosedLoop:
         # short lengths: the long ones cost most where many requests share a step) only if its first
         # CLOSED_LOOP_BAND_WATCH steps drafted less than a token a request: where the policy or the governor
         # drafts, its own steps time the band's widths and positions, and probing them again cost 11-23 % of a
-        # level's steps at ~87 % of its rate (bench/results/closed-loop.md, "fourth sweep")
+        # level's steps at ~87 % of its rate (bench/results/closed-loop.md, "2026-12-03, fourth sweep")
         self._widths = [k for k in CLOSED_LOOP_PROBES if k <= max_window] or [max_window]
         self._probes: dict[int, list[int]] = {}  # each band's probe lengths still to run
         self._watch: dict[int, list[int]] = {}  # a later band's first steps: [steps, requests, drafted tokens]

@@ -260,7 +260,7 @@ class Governor:
                 # time (with the proposer's own time in it, which no estimate carries) would move it for nothing.
                 # The lengths run before at this band are believed as measured too (_references): two lengths whose
                 # estimates are within the noise would otherwise trade places every quarter window, each measured
-                # against the other's optimistic estimate (bench/results/closed-loop.md, "fourth sweep": chat's
+                # against the other's optimistic estimate (bench/results/closed-loop.md, "2026-12-03, fourth sweep": chat's
                 # k = 1 <-> 2 every 8 steps)
                 if self.mode > 0 or self.spell.full:
                     est[self.mode] = min(est[self.mode], self.spell.speedup(costs))

@@ -30,7 +30,7 @@ How a bucket's cost is estimated (one rule for target steps by tokens and draft 
   SEED_SHAPE_TOLERANCE either way (another machine's profile: an AVX2 CPU's bf16 step grows 8x from 1 to 9 tokens
   where this one's is flat), both kinds take the default's shape instead, once and for good, and `say` tells the
   process why. Past the timed sizes the seed's shape would otherwise price what no step has timed (the windows a
-  steep seed says cannot pay, at batch sizes not seen yet: bench/results/closed-loop.md, "fourth sweep");
+  steep seed says cannot pay, at batch sizes not seen yet: bench/results/closed-loop.md, "2026-12-03, fourth sweep");
 - monotone: a step over more tokens (a position over more rows) never costs less (stages.step_costs's reason:
   noise must not make an extra token look free to the cost rules), so the table is made non-decreasing by
   weighted isotonic regression (pool adjacent violators; observed buckets weigh their observation count,

@@ -1,6 +1,6 @@
 """vLLM 0.32's adaptive verification and disco's learned budget in disco's own one-request loop (issue 45).
 
-adaptive_verification.py re-implements both for a batch on vLLM's draft. Here the same pieces decide for one
+acceptance_estimator.py, verify_budget.py and adaptive_verification.py re-implement both for a batch on vLLM's draft. Here the same pieces decide for one
 request in disco's loop (decode.speculative_generate on the torch and llama.cpp engines, simulate._replay on
 traces), where a round may verify fewer tokens than it drafted (rounds.verified_count calls `trim`):
 
@@ -9,14 +9,14 @@ traces), where a round may verify fewer tokens than it drafted (rounds.verified_
   what the target verified (`step`: every REFIT_INTERVAL rounds). learned-budget: disco's classifier
   (classifier.ClassifierPolicy's features and model; its own rule unused) through a per-position online
   calibration (online_calibration.OnlineCalibration, as adaptive_verification.BatchLearnedBudget calibrates it).
-- the budget: adaptive_verification.LearnedBudget for a batch of one, so vLLM's `get_num_tokens` rule is the same
+- the budget: verify_budget.LearnedBudget for a batch of one, so vLLM's `get_num_tokens` rule is the same
   code: B* = argmax_n (1 + S_1 + ... + S_n) / (draft cost + c_t(n + 1)), S_i the survival (running product of the
   confidences), with the loop's cost model as vLLM's two tables (`loop_tables`): draft[1] = k c_d (k draft
   steps), verify[t] = c_t(t). adaptive-verification drafts to k (vLLM's drafter is never trimmed) and verifies
   B*; learned-budget stops drafting when one more token's survival no longer pays (LearnedBudget.after_position)
   and verifies B* of what it drafted.
 
-Adaptations to one request (adaptive_verification.py's list covers the batched form):
+Adaptations to one request (verify_budget.py's list covers the batched form):
 1. No staleness. vLLM's budget reads confidences one round stale so that no step waits on a device-to-host copy
    (`record_confidences`); disco's loop reads each draft token on the host anyway, so both read this round's.
 2. One estimator per generation: the loop builds a fresh policy per request (as transformers' ROC threshold),
@@ -37,10 +37,11 @@ import torch
 
 from disco.core.cost import CostModel
 from disco.online.online_calibration import OnlineCalibration
-from disco.policies.adaptive_verification import CostTables, LearnedBudget, OnlineAcceptanceEstimator, budget_curve
+from disco.policies.acceptance_estimator import OnlineAcceptanceEstimator
 from disco.policies.classifier import ClassifierPolicy
 from disco.policies.policy import Decision, PolicyBase, Signals, decide_now
 from disco.policies.rounds import leading_run
+from disco.policies.verify_budget import CostTables, LearnedBudget, budget_curve
 
 
 def loop_tables(cost: CostModel, k: int) -> CostTables:
@@ -85,7 +86,7 @@ class LoopBudget(PolicyBase):
 class LoopAdaptiveVerification(LoopBudget):
     """vLLM 0.32's adaptive verification for one request: draft to k, each token's confidence from vLLM's online
     logistic on the draft's top-1 log-odds (acceptance_estimator.py, `OnlineAcceptanceEstimator.predict`), verify
-    the budget's B* (adaptive_verification.py, `get_num_tokens`), refit from the verified outcomes (`step`)."""
+    the budget's B* (vLLM's adaptive_verification.py, `get_num_tokens`), refit from the verified outcomes (`step`)."""
 
     name = "adaptive-verification"
 

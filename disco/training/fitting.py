@@ -233,13 +233,13 @@ def calibration_figures(y: np.ndarray, p: np.ndarray, bins: int = ECE_BINS) -> d
 
 
 def online_logistic(X: np.ndarray, y: np.ndarray, max_window: int):
-    """vLLM 0.32's online acceptance estimator (adaptive_verification.OnlineAcceptanceEstimator) fitted on these
+    """vLLM 0.32's online acceptance estimator (acceptance_estimator.OnlineAcceptanceEstimator) fitted on these
     rows (drafted rows of training prompts: FEATURES; its feature is logit(p_top1), its position window_pos - 1)
     by its own refit repeated to its fixed point: the estimator at its best, once serving has seen this traffic
     long enough. Rows at positions past max_window (where vLLM never drafts) are left out."""
     import torch
 
-    from disco.policies.adaptive_verification import OnlineAcceptanceEstimator, log_odds
+    from disco.policies.acceptance_estimator import OnlineAcceptanceEstimator, log_odds
 
     est = OnlineAcceptanceEstimator(max_window, 1)
     pos = torch.tensor(X[:, FEATURES.index("window_pos")], dtype=torch.long) - 1
@@ -251,7 +251,7 @@ def online_proba(est, X: np.ndarray) -> np.ndarray:
     """The fitted online estimator's P(accept) of each row (positions past its last: its last position's)."""
     import torch
 
-    from disco.policies.adaptive_verification import log_odds
+    from disco.policies.acceptance_estimator import log_odds
 
     pos = torch.tensor(X[:, FEATURES.index("window_pos")], dtype=torch.long).clamp(1, est.num_speculative_steps) - 1
     f = log_odds(torch.tensor(X[:, FEATURES.index("p_top1")]))

@@ -63,11 +63,12 @@ from disco.core.cost import CostModel
 from disco.core.features import TOKEN_FEATURES
 from disco.core.stats import GenStats
 from disco.formats.trace import HIDDEN_COLUMN, signals_at
-from disco.policies.adaptive_verification import ClassifierConfidence, LearnedBudget, OnlineAcceptanceEstimator
+from disco.policies.acceptance_estimator import OnlineAcceptanceEstimator
 from disco.policies.batch_policy import Batch, BatchPolicy, RequestState, never_drafts, verified
 from disco.policies.policy import StoppingPolicy
 from disco.policies.policy_registry import BuildContext, PolicySpec, as_spec
 from disco.policies.rounds import Decisions, draft_window, end_round, leading_run, verified_count, window_limit
+from disco.policies.verify_budget import ClassifierConfidence, LearnedBudget
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -487,12 +488,12 @@ def simulate_adaptive_verification(
     labels within its admitted slots and commits one more token. A request's slots are its first min(k, tokens
     left - 1) positions (past y's end there are no rows: approximation 2 of the module docstring).
 
-    confidence: "online" (a fresh adaptive_verification.OnlineAcceptanceEstimator: vLLM's anchor, from the trace's
+    confidence: "online" (a fresh acceptance_estimator.OnlineAcceptanceEstimator: vLLM's anchor, from the trace's
     p_top1, refitted from the verdicts on its schedule), an estimator of your own (kept as it ends), "oracle"
     (each slot's label: the bound of verifying the best slots of a k-position draft), or disco's classifier
-    (adaptive_verification.ClassifierConfidence). stale_budget: B* from each request's confidences of the
+    (verify_budget.ClassifierConfidence). stale_budget: B* from each request's confidences of the
     previous step (1.0 for a new request), as vLLM's `get_num_tokens` reads them; default: for the online
-    estimator only. stop_drafting: disco's draft stopping (adaptive_verification.LearnedBudget: requests stop
+    estimator only. stop_drafting: disco's draft stopping (verify_budget.LearnedBudget: requests stop
     when their survival no longer pays, the batch when no request drafts on; at least one position, vLLM's
     catch-up pass, is charged)."""
     check_setting("max_window", k)

@@ -6,7 +6,7 @@ lockstep on held-out traces of vLLM's draft, under a load profile extrapolated p
         --classifier models/embedded-qwen2.5-coder-vllm --prompts test --out bench/vllm/adaptive/simulated.json
 
 --prompts test keeps the prompts whose id is in data/*-test.jsonl (never used to fit or tune); `all` keeps every one.
-Extrapolation (adaptive_verification.extrapolated): as vLLM's own cost-table builder, the profile's step cost by
+Extrapolation (verify_budget.extrapolated): as vLLM's own cost-table builder, the profile's step cost by
 tokens and its batched draft position by batch size each continue in a straight line through their last two
 profiled points (a CPU's step is compute-bound: time grows with tokens). Every row is tokens per second of the
 load profile's time; ratios are to the adaptive verification row at the same concurrency.
@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from disco.core.cost import CostModel  # noqa: E402
-from disco.policies.adaptive_verification import BatchLearnedBudget, extrapolated  # noqa: E402
+from disco.policies.adaptive_verification import BatchLearnedBudget  # noqa: E402
 from disco.policies.artifact import load_artifact  # noqa: E402
 from disco.policies.batch_policy import BatchConstant  # noqa: E402
+from disco.policies.verify_budget import extrapolated  # noqa: E402
 from disco.training.simulate import prompt_traces, simulate_adaptive_verification, simulate_batched  # noqa: E402
 from disco.training.train_data import load_trace_data  # noqa: E402
 
