@@ -86,9 +86,10 @@ class ClosedLoop:
         # do: a seed under which no window pays would otherwise never draft, and never learn it was wrong (and a
         # seed whose shape these steps refute is dropped: online_costs.OnlineCosts). A later band is probed (the
         # short lengths: the long ones cost most where many requests share a step) only if its first
-        # CLOSED_LOOP_BAND_WATCH steps drafted less than a token a request: where the policy or the governor
-        # drafts, its own steps time the band's widths and positions, and probing them again cost 11-23 % of a
-        # level's steps at ~87 % of its rate (bench/results/closed-loop.md, "2026-12-03, fourth sweep")
+        # CLOSED_LOOP_BAND_WATCH steps drafted less than a token a request, and only at the lengths whose steps
+        # the table has not timed three times: where the policy or the governor drafts, its own steps time the
+        # band's widths and positions, and probing them again cost 11-23 % of a level's steps at ~87 % of its rate
+        # (bench/results/closed-loop.md, "2026-12-03, fourth sweep")
         self._widths = [k for k in CLOSED_LOOP_PROBES if k <= max_window] or [max_window]
         self._probes: dict[int, list[int]] = {}  # each band's probe lengths still to run
         self._watch: dict[int, list[int]] = {}  # a later band's first steps: [steps, requests, drafted tokens]
@@ -109,17 +110,19 @@ class ClosedLoop:
         return self._probes[band]
 
     def _watch_band(self, drafted: Sequence[int]) -> None:
-        """A later band's first steps' drafts; if they drafted less than a token a request, the band's probes."""
-        band = _band(len(drafted))
-        watch = self._watch.get(band)
+        """A later band's first steps' drafts; if they drafted less than a token a request, the band's probes: the
+        short lengths whose steps at this batch size (its tokens) the table has not timed three times yet."""
+        batch = len(drafted)
+        watch = self._watch.get(_band(batch))
         if watch is None:
             return
-        watch[0], watch[1], watch[2] = watch[0] + 1, watch[1] + len(drafted), watch[2] + int(sum(drafted))
+        watch[0], watch[1], watch[2] = watch[0] + 1, watch[1] + batch, watch[2] + int(sum(drafted))
         if watch[0] >= CLOSED_LOOP_BAND_WATCH:
-            del self._watch[band]
+            del self._watch[_band(batch)]
             if watch[2] < watch[1]:
-                short = [k for k in self._widths if k <= 4]
-                self._probes[band] = [short[i % len(short)] for i in range(3 * len(short))]
+                timed = self.costs.steps.count
+                short = [k for k in self._widths if k <= 4 and timed[min(batch * (k + 1), len(timed)) - 1] < 3]
+                self._probes[_band(batch)] = [short[i % len(short)] for i in range(3 * len(short))]
 
     def step(
         self,

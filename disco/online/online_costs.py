@@ -25,12 +25,16 @@ How a bucket's cost is estimated (one rule for target steps by tokens and draft 
   kind, and keeps only its shape; a kind with no observation yet (no draft position timed) takes the other kind's
   global ratio (the seed's draft-to-target proportion holds until measured). Measured with ±15 % noise
   (tests/test_closed_loop.py): within 15 % of the truth in every bucket after one step, within 10 % after 20;
-- a seed's shape is dropped when this process refutes it: once a kind has two sizes timed three times each, the
-  larger at least twice the smaller, and their measured cost ratio is off the seed's by more than
-  SEED_SHAPE_TOLERANCE either way (another machine's profile: an AVX2 CPU's bf16 step grows 8x from 1 to 9 tokens
-  where this one's is flat), both kinds take the default's shape instead, once and for good, and `say` tells the
-  process why. Past the timed sizes the seed's shape would otherwise price what no step has timed (the windows a
-  steep seed says cannot pay, at batch sizes not seen yet: bench/results/closed-loop.md, "2026-12-03, fourth sweep");
+- a prior shape this process refutes is replaced: once a kind has two sizes timed three times each, the larger at
+  least twice the smaller, and their measured cost ratio is off the prior's by more than SEED_SHAPE_TOLERANCE either
+  way, that kind's prior becomes the line through its timed sizes' medians (weighted least squares, never
+  decreasing): a seed from another process (an AVX2 CPU's bf16 step grows 8x from 1 to 9 tokens where this one's
+  is flat), or the default's shallow shape on a CPU whose step is compute-bound (a Zen 4's `vllm serve` worker:
+  40 tokens cost 2.7x 8 tokens there, the default says 1.6x; shrunk toward its global ratio, the table put the
+  widest steps 15-20 % too cheap and the governor chose k = 3 at 8 requests where it ran 0.83x target-only:
+  bench/results/closed-loop.md, "2026-12-04, fifth sweep"). A seed refuted in one kind is dropped from both (the
+  other takes the default's shape, until its own timings refute that too), and `say` tells the process why, once.
+  Past the timed sizes the refuted shape would otherwise price what no step has timed;
 - monotone: a step over more tokens (a position over more rows) never costs less (stages.step_costs's reason:
   noise must not make an extra token look free to the cost rules), so the table is made non-decreasing by
   weighted isotonic regression (pool adjacent violators; observed buckets weigh their observation count,
@@ -148,7 +152,20 @@ class CostTable:
         measured, prior = medians[1] / medians[0], self.prior[hi] / self.prior[lo]
         if abs(np.log(measured / prior)) <= np.log(SEED_SHAPE_TOLERANCE):
             return None
-        return f"size {hi + 1} costs {measured:.2f}x size {lo + 1} here, {prior:.2f}x in the profile"
+        return f"size {hi + 1} costs {measured:.2f}x size {lo + 1} here, {prior:.2f}x in the prior"
+
+    def fitted_line(self) -> np.ndarray:
+        """(n,) the weighted least-squares line through the medians of the sizes timed three times or more (their
+        counts weigh), never decreasing, floored at half the smallest median (a cost is never 0); misfit() says
+        when there are enough of them."""
+        seen = np.flatnonzero(self.count >= 3)
+        m = np.minimum(self.count[seen], self.window)
+        y = _median(self.ring[seen], m)
+        x = seen + 1.0
+        xm, ym = np.average(x, weights=m), np.average(y, weights=m)
+        var = float(np.sum(m * (x - xm) ** 2))
+        slope = max(0.0, float(np.sum(m * (x - xm) * (y - ym))) / var) if var > 0 else 0.0
+        return np.maximum(ym + slope * (np.arange(1, len(self.prior) + 1) - xm), 0.5 * float(y.min()))
 
     def estimate(self, glob: float | None, fallback_log_ratio: float | None) -> np.ndarray:
         """(n,) seconds (or the prior's units, when nothing of either kind was observed), non-decreasing. glob: this
@@ -208,6 +225,7 @@ class OnlineCosts:
         self.steps = CostTable(step_prior, window, trend=True)
         self.drafts = CostTable(draft_prior, window)
         self.dropped: str | None = None  # why the seed's shape was dropped (None: it holds, or there is none)
+        self.fitted: set[str] = set()  # the kinds whose prior is the line through this process's own timings
         self._model: CostModel | None = None
         self._next_build = 0  # observations (both kinds) at which the cached model is rebuilt
 
@@ -225,12 +243,12 @@ class OnlineCosts:
     def observe_step(self, tokens: int, seconds: float) -> None:
         """One target step (verification, sampling, scheduling) over `tokens` tokens, all requests together."""
         if self.steps.observe(tokens, seconds):
-            self._drop_a_refuted_seed()
+            self._refute()
 
     def observe_draft(self, batch: int, seconds: float) -> None:
         """One batched draft position for `batch` requests."""
         if self.drafts.observe(batch, seconds):
-            self._drop_a_refuted_seed()
+            self._refute()
 
     @property
     def observed(self) -> int:
@@ -250,30 +268,35 @@ class OnlineCosts:
             self._next_build = n + min(max(n, 1), self.rebuild)
         return self._model
 
-    def _drop_a_refuted_seed(self) -> None:
-        """A seed's shape this process refutes (CostTable.misfit: target steps by tokens, or draft positions by
-        batch) is replaced by the default's in both kinds: the profile is another process's. Checked whenever a size
-        is newly timed three times; the next cost_model() is rebuilt."""
-        if self.seed is None or self.dropped is not None:
-            return
-        why = next((f"{kind}: {m}" for kind, m in (("target steps", self.steps.misfit()),
-                    ("draft positions", self.drafts.misfit())) if m is not None), None)  # fmt: skip
+    def _refute(self) -> None:
+        """A prior shape this process refutes (CostTable.misfit) gives way to the line through its timings of that
+        kind (CostTable.fitted_line). If it was the seed's, the seed is dropped from both kinds first (the other
+        takes the default's shape unless its own timings refute that too) and `say` tells why, once. Checked
+        whenever a size is newly timed three times; the next cost_model() is rebuilt."""
+        tables = (("target steps", self.steps), ("draft positions", self.drafts))
+        why = next((f"{kind}: {m}" for kind, table in tables if (m := table.misfit()) is not None), None)
         if why is None:
             return
-        self.dropped = why
-        self.steps.prior, self.drafts.prior = self._priors(None)
+        if self.seed is not None and self.dropped is None:
+            self.dropped = why
+            self.steps.prior, self.drafts.prior = self._priors(None)
+            if self.say is not None:
+                self.say(
+                    f"the profile's cost shape does not fit this process ({why.replace('the prior', 'the profile')}):"
+                    " its costs are dropped for this process's own timings"
+                )
+        for kind, table in tables:
+            if table.misfit() is not None:
+                table.prior = table.fitted_line()
+                self.fitted.add(kind)
         self._next_build = 0
-        if self.say is not None:
-            self.say(
-                f"the profile's cost shape does not fit this process ({why}): its costs are dropped, this "
-                "process's own timings and the default shape price what it has not timed yet"
-            )
 
     def _build(self) -> CostModel:
         step_ratio, draft_ratio = self.steps.log_ratio(), self.drafts.log_ratio()
         c_step = self.steps.estimate(step_ratio, draft_ratio)
         c_draft = self.drafts.estimate(draft_ratio, step_ratio)
         dropped = "; the profile's shape dropped" if self.dropped else ""
+        dropped += "".join(f"; {kind}' shape fitted here" for kind in sorted(self.fitted))
         source = f"online ({self.steps.observed} steps, {self.drafts.observed} draft positions timed{dropped})"
         return CostModel(
             float(c_draft[0]),
