@@ -4,6 +4,7 @@ noisy truths and stubs. Each bound the modules state is shown here with the numb
 
 from __future__ import annotations
 
+import itertools
 import json
 import tracemalloc
 
@@ -430,6 +431,30 @@ def test_a_policy_that_drafts_nothing_is_judged_within_a_quarter_window():
         gov.observe(drafted, drafted, seconds)
     assert choices[: GOVERNOR_WINDOW // 4 + 1] == [None] * (GOVERNOR_WINDOW // 4) + [0]
     assert set(choices[GOVERNOR_WINDOW // 4 :]) == {0}
+
+
+def test_a_fixed_length_that_measures_below_the_policy_hands_back_at_once():
+    """The policy drafts exactly each request's accepted run (capped at K; runs geometric at 0.8): it never drafts a
+    rejected token, so the acceptance the governor estimates from its windows is ~1 and every fixed length looks
+    better than it is (k = 6 estimated at 3.2x target-only, against the policy's measured 2.6x; k = 6 runs 1.8x).
+    After each switch the length measures below the policy's last measured spell within a quarter window, and the
+    policy is back (a trial) there, not after the hold (64 steps when only the hold's end gave it back); each length
+    is auditioned so once (then believed as measured): over 600 steps at most K spells of GOVERNOR_WINDOW / 4."""
+    gov = Governor(K, MAX_BATCH)
+    costs = _costs([0.1] * (MAX_BATCH * (K + 1)), 0.02)
+    rng = np.random.default_rng(8)
+    choices = []
+    for _ in range(600):
+        k = gov.choose(costs)
+        choices.append(k)
+        run = np.array([next((j for j in range(K) if rng.random() >= 0.8), K)])
+        drafted = np.minimum(run, K) if k is None else np.full(1, k)
+        accepted = np.minimum(run, drafted)
+        gov.observe(drafted, accepted, costs.c_step[int(1 + drafted.sum()) - 1] + int(drafted.max()) * 0.02)
+    first = choices.index(next(c for c in choices if c is not None))
+    assert choices[first] == K and gov.estimates is not None and gov.estimates[K] > 3.0
+    spells = [len(list(g)) for fixed, g in itertools.groupby(choices, lambda c: c is not None) if fixed]
+    assert max(spells) <= GOVERNOR_WINDOW // 4 and len(spells) <= K
 
 
 def test_the_governor_takes_the_fixed_length_that_wins():

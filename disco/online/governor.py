@@ -23,7 +23,8 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   (so a shift in acceptance that moves the best length twice moves it within two quarters, not two windows);
   after a hold
   (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
-  GOVERNOR_WINDOW steps judged by the same rule. A policy that wins again is back within GOVERNOR_MAX_HOLD +
+  GOVERNOR_WINDOW steps judged by the same rule, and sooner where the fixed length, judged so, falls below what
+  the policy measured before it lost (at the same batch band): it lost to an optimistic estimate. A policy that wins again is back within GOVERNOR_MAX_HOLD +
   GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW / (GOVERNOR_WINDOW +
   GOVERNOR_MAX_HOLD) of the steps (3 % at the defaults) in trials once the hold has grown;
 - the estimate of a fixed length is optimistic while the policy runs (alpha comes from the tokens the policy chose to
@@ -138,6 +139,7 @@ class Governor:
         # the last spell of each fixed length at each batch band ((band, k) -> its last steps), measured enough to
         # judge by (a quarter window; k = 0 a full one)
         self.ran: dict[tuple[int, int], Spell] = {}
+        self.policy_ran: dict[int, Spell] = {}  # the policy's last judged spell at each batch band
         self.said = False
         self.estimates: np.ndarray | None = None  # the last judgement's speedups of k = 0 .. K (for reports)
         self.policy_speedup: float | None = None
@@ -250,6 +252,7 @@ class Governor:
         if ref[best] > policy * (1.0 + self.margin):  # the policy lost: the best fixed length takes over
             if self.trial:
                 self.hold = min(2 * self.hold, self.max_hold)
+            self.policy_ran[self.spell.band()] = self.spell
             self._enter(best)
             self.until = self.steps + self.hold
         elif self.trial:  # the policy won its trial back
@@ -275,6 +278,17 @@ class Governor:
                 # k = 1 <-> 2 every 8 steps)
                 if self.mode > 0 or self.spell.full:
                     est[self.mode] = min(est[self.mode], self.spell.speedup(costs))
+                # the policy as it measured before it lost (at this band, within max_hold steps): it lost to an
+                # estimate, which is optimistic (the module docstring), so a length that measures below it hands
+                # back at once (a trial) rather than after its hold (bench/results/closed-loop.md, "2026-12-04,
+                # fifth sweep": at one request k = 5, estimated 1.83x target-only against the policy's measured
+                # 1.66x, ran its hold at 5.9 tok/s where the policy had run 7.4)
+                policy = self.policy_ran.get(self.spell.band())
+                if policy is not None and self.steps - policy.started - policy.steps <= self.max_hold:
+                    if policy.speedup(costs) > est[self.mode] * (1.0 + self.margin):
+                        self._enter(None)
+                        self.trial = True
+                        return None
                 best = int(np.nanargmax(est))
                 if est[best] > est[self.mode] * (1.0 + self.margin):
                     self._enter(best)
