@@ -280,9 +280,9 @@ class Governor:
                     est[self.mode] = min(est[self.mode], self.spell.speedup(costs))
                 # the policy as it measured before it lost (at this band, within max_hold steps): it lost to an
                 # estimate, which is optimistic (the module docstring), so a length that measures below it hands
-                # back at once (a trial) rather than after its hold (bench/results/closed-loop.md, "2026-12-04,
-                # fifth sweep": at one request k = 5, estimated 1.83x target-only against the policy's measured
-                # 1.66x, ran its hold at 5.9 tok/s where the policy had run 7.4)
+                # back at once (a trial) rather than after its hold (at one request k = 5, estimated 1.83x
+                # target-only against the policy's measured 1.66x, ran its hold at 5.9 tok/s where the policy had
+                # run 7.4: bench/results/closed-loop.md, "2026-12-04, fifth sweep")
                 policy = self.policy_ran.get(self.spell.band())
                 if policy is not None and self.steps - policy.started - policy.steps <= self.max_hold:
                     if policy.speedup(costs) > est[self.mode] * (1.0 + self.margin):
