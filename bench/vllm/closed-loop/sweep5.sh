@@ -8,7 +8,9 @@
 # with an AVX2 EPYC's (profile-draft-amd-avx2.json), disco as shipped with this machine's profile and with none)
 # and target-only again (the drift check), both sets. (configs-sweep5.json holds all of them interleaved, the
 # order of the first two, stopped, runs.) Each disco server logs its loop (DISCO_CLOSED_LOOP_LOG) beside the raw
-# files. Goals: python bench/vllm/closed-loop/goals.py bench/vllm/closed-loop/{code,mtbench}-sweep5.json
+# files. The third run (the tables that count, after the second run's files were lost) ran every row in one pass
+# per set instead: --configs target-only --config-file bench/vllm/closed-loop/configs-sweep5.json (interleaved).
+# Goals: python bench/vllm/closed-loop/goals.py bench/vllm/closed-loop/{code,mtbench}-sweep5.json
 E=~/.cache/disco/embedded
 PY=${PY:-.venv/bin/python}
 for part in "target-only:configs-sweep5-vllm.json" ":configs-sweep5-disco.json"; do
