@@ -15,6 +15,7 @@ import torch
 from disco.base.defaults import (
     CALIBRATION_REFIT,
     CLOSED_LOOP_BAND_WATCH,
+    GOVERNOR_MARGIN,
     GOVERNOR_MAX_HOLD,
     GOVERNOR_WINDOW,
     ONLINE_COST_WINDOW,
@@ -656,3 +657,57 @@ def test_an_off_governor_skips_the_draft_and_stale_requests_wait():
     assert loop.governor.spell.steps == before  # the rejoin's steps judge nothing
     assert _step(loop, clock, 4, (0, 0), stale=False) is None  # fresh: the policy's trial
     assert not _loop(skip_idle=False).off
+
+
+def _vllm_step(loop: ClosedLoop, clock: list[float], batch: int, last: tuple[int, int]) -> int | None:
+    """One step in vLLM's draft's order (draft.py): this step's decision first, then the last step's outcomes,
+    judged under the decision held before it; the target step 0.1 s + 2 ms a token, a draft position 30 ms."""
+    held = loop.decision
+    k = loop.override(batch)
+    drafted, accepted = last
+    clock[0] += 0.1 + 0.002 * batch * (drafted + 1)
+    loop.step(clock[0], batch * (drafted + 1), np.full(batch, drafted), np.full(batch, accepted), held)
+    for _ in range(0 if loop.off else max(2 if k is None else k, 1)):
+        clock[0] += 0.03
+        loop.position(batch, 0.03)
+    loop.ended(clock[0])
+    return k
+
+
+def test_a_step_the_last_mode_drafted_opens_no_spell():
+    """vLLM reads a step's outcomes after the next decision: when the governor moves, the step the old mode drafted
+    is read into the new spell's time. It judges no spell: the off spell the policy's losing windows (2 a request,
+    none accepted) give way to counts only its own steps, and drafted nothing."""
+    loop, clock, last = _loop(), [0.0], (0, 0)
+    while loop.governor.mode != 0:  # the step that moves also reads the policy's last windows
+        k = _vllm_step(loop, clock, 4, last)
+        last = (2 if k is None else k, 0)
+    assert last == (0, 0) and loop.off
+    assert loop.governor.spell.steps == 0 and loop.governor.spell.drafted == 0
+    _vllm_step(loop, clock, 4, last)  # read: the first off step
+    assert loop.governor.spell.steps == 1 and loop.governor.spell.drafted == 0
+
+
+def test_k0_is_left_only_at_the_holds_end_or_on_a_band_change():
+    """At 8 requests drafting loses (verification costs 10 ms a token past 8 tokens: k = 1 0.95x target-only) and
+    the governor drafts nothing. A cost table whose small steps then read 20 % slower (noise: target-only looks slower, every drafting
+    length better) does not take it off k = 0 (k = 0 verified no window: its estimates moved with the costs
+    alone); the policy's trial at the hold's end does. When the batch falls to one request (another band, where a
+    step costs the same up to 8 tokens), the governor drafts again within a window, long before the hold's end."""
+    costs = _costs([0.1 if t <= 8 else 0.1 + 0.01 * (t - 8) for t in range(1, MAX_BATCH * (K + 1) + 1)], 0.02)
+    slower = _costs([c * 1.2 if t <= 8 else c for t, c in enumerate(costs.c_step, 1)], 0.02)
+    rng = np.random.default_rng(5)
+    policy = lambda r, b: np.full(b, K)
+    gov = Governor(K, MAX_BATCH)
+    _drive(gov, costs, 8, 200, policy, _geometric(0.9), rng)
+    assert gov.mode == 0
+    assert gov.fixed_speedups(slower)[1] > 1.0 + GOVERNOR_MARGIN  # a drafting length "beats" k = 0 now
+    held = _drive(gov, slower, 8, gov.until - gov.steps, policy, _geometric(0.9), rng)
+    assert set(held) == {0}
+    assert _drive(gov, slower, 8, 1, policy, _geometric(0.9), rng) == [None]  # the hold's end: a trial
+
+    gov = Governor(K, MAX_BATCH)
+    _drive(gov, costs, 8, 200, policy, _geometric(0.9), rng)
+    assert gov.mode == 0 and gov.until - gov.steps > GOVERNOR_WINDOW
+    alone = _drive(gov, costs, 1, GOVERNOR_WINDOW, policy, _geometric(0.9), rng)
+    assert any(c not in (0, None) for c in alone)

@@ -41,22 +41,19 @@ import torch
 
 from disco.base.defaults import CLOSED_LOOP_BAND_WATCH, CLOSED_LOOP_LOG_ENV, CLOSED_LOOP_PROBES
 from disco.core.cost import CostModel
-from disco.online.governor import Governor
+from disco.online.governor import Governor, batch_band
 from disco.online.online_calibration import OnlineCalibration
 from disco.online.online_costs import OnlineCosts
 
 
-def _band(batch: int) -> int:
-    """A batch size's band: the largest power of two <= it."""
-    return 1 << (max(batch, 1).bit_length() - 1)
-
-
 class Decision(NamedTuple):
-    """What decided a step: `spell` (it ran the governor's mode: its time judges the spell) and a label for the log
-    ("policy", "probe k", "fixed k", "off", "stale")."""
+    """What decided a step: `spell` (it ran the governor's mode: its time judges the spell), a label for the log
+    ("policy", "probe k", "fixed k", "off", "stale") and which of the governor's spells it ran in (Governor.spells:
+    a step decided under the last mode, whose outcomes are read after the governor moved, judges no spell)."""
 
     spell: bool
     label: str
+    spells: int = 0
 
 
 class ClosedLoop:
@@ -101,7 +98,7 @@ class ClosedLoop:
         self._log: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (the process's)
 
     def _band_probes(self, batch: int) -> list[int]:
-        band = _band(batch)
+        band = batch_band(batch)
         if band not in self._probes:
             if self._probes:  # a later band: watched first (_watch_band)
                 self._probes[band], self._watch[band] = [], [0, 0, 0]
@@ -113,16 +110,16 @@ class ClosedLoop:
         """A later band's first steps' drafts; if they drafted less than a token a request, the band's probes: the
         short lengths whose steps at this batch size (its tokens) the table has not timed three times yet."""
         batch = len(drafted)
-        watch = self._watch.get(_band(batch))
+        watch = self._watch.get(batch_band(batch))
         if watch is None:
             return
         watch[0], watch[1], watch[2] = watch[0] + 1, watch[1] + batch, watch[2] + int(sum(drafted))
         if watch[0] >= CLOSED_LOOP_BAND_WATCH:
-            del self._watch[_band(batch)]
+            del self._watch[batch_band(batch)]
             if watch[2] < watch[1]:
                 timed = self.costs.steps.count
                 short = [k for k in self._widths if k <= 4 and timed[min(batch * (k + 1), len(timed)) - 1] < 3]
-                self._probes[_band(batch)] = [short[i % len(short)] for i in range(3 * len(short))]
+                self._probes[batch_band(batch)] = [short[i % len(short)] for i in range(3 * len(short))]
 
     def step(
         self,
@@ -145,8 +142,13 @@ class ClosedLoop:
             # a step that also ran a prefill (more tokens than its decode requests' verification) teaches the
             # acceptance estimates but judges no spell: its seconds are the new request's (the fixed lengths'
             # estimates, from the cost table of decode steps, carry none)
+            # nor does a step the last mode drafted, read after the governor moved (vLLM's draft reads a step's
+            # outcomes after the next decision): it would open the new spell with the old mode's tokens and time
+            # (a policy trial whose first step was k = 2's 16 tokens at 8 requests never counted as drafting nothing,
+            # and ran 32 steps at 0.7x target-only instead of 8: bench/results/closed-loop.md, "2026-12-04, sixth
+            # sweep")
             decode = int(sum(drafted)) + len(drafted)
-            spell = decision.spell and tokens <= decode
+            spell = decision.spell and tokens <= decode and decision.spells == self.governor.spells
             self.governor.observe(drafted, accepted, now - self._started, spell=spell)
             if tokens <= decode:  # (a new request's first step drafted nothing for it: not the band's choice)
                 self._watch_band(drafted)
@@ -199,11 +201,12 @@ class ClosedLoop:
             self.decision = Decision(False, f"probe {probes[0]}")
             return probes.pop(0)
         k = self.governor.choose(self.costs.cost_model() if self.costs.warm else None)
+        spells = self.governor.spells
         if k == 0 and self.skip_idle:
-            self.off, self.decision = True, Decision(True, "off")
+            self.off, self.decision = True, Decision(True, "off", spells)
             return 0
         if stale:  # back from an off spell: the stale requests finish before the policy's trial counts
-            self.decision = Decision(False, "stale")
+            self.decision = Decision(False, "stale", spells)
             return 0
-        self.decision = Decision(True, "policy" if k is None else f"fixed {k}")
+        self.decision = Decision(True, "policy" if k is None else f"fixed {k}", spells)
         return k
