@@ -145,8 +145,8 @@ class ClosedLoop:
             # nor does a step the last mode drafted, read after the governor moved (vLLM's draft reads a step's
             # outcomes after the next decision): it would open the new spell with the old mode's tokens and time
             # (a policy trial whose first step was k = 2's 16 tokens at 8 requests never counted as drafting nothing,
-            # and ran 32 steps at 0.7x target-only instead of 8: bench/results/closed-loop.md, "2026-12-04, sixth
-            # sweep")
+            # and ran 32 steps at 0.7x target-only instead of 8:
+            # bench/results/closed-loop.md, "2026-12-04, sixth sweep")
             decode = int(sum(drafted)) + len(drafted)
             spell = decision.spell and tokens <= decode and decision.spells == self.governor.spells
             self.governor.observe(drafted, accepted, now - self._started, spell=spell)
