@@ -34,7 +34,8 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   draft, the likelier ones), so where this process ran that length at the same batch band in the last
   GOVERNOR_MAX_HOLD steps the governor believes the lower of its estimate and its measured speedup, in judging the
   policy and in moving between fixed lengths (which thus move on measurements, not on the noise between two
-  estimates);
+  estimates); the drafting lengths not run there are believed at their estimates times the shortfall the run ones
+  measured (if any), so one optimistic table does not send the governor through every length in turn;
 - when neither the policy nor any fixed length reaches target-only's speed, it says so once (`say`).
 
 Memory: a few arrays of GOVERNOR_WINDOW steps and K positions; per step O(batch x K) numpy, per judgement
@@ -224,17 +225,33 @@ class Governor:
         seconds = (sizes[ran, None] * self._step_times(costs)[ran]).sum(0)
         return tokens / seconds / _target_rate(sizes, costs)
 
-    def _references(self, costs: CostModel) -> np.ndarray | None:
-        """The fixed lengths' speedups as the judgement believes them: the estimate, or for a length this process
-        ran at this batch band within max_hold steps the lower of the estimate and its measured speedup."""
+    def _references(self, costs: CostModel, running: bool = False) -> np.ndarray | None:
+        """The fixed lengths' speedups as the judgement believes them: for a length this process ran at this batch
+        band within max_hold steps (running: the fixed length now running too, its spell measured enough), the lower
+        of its estimate and its measured speedup; for a drafting length not run there, its estimate scaled by the
+        measured ones' shortfall (the median of measured / estimated, if below 1). The estimates at a band err
+        together (one cost table, one set of acceptance counts): at 4 requests on code k = 2 measured 1.01x
+        target-only against its estimate of 1.26x, and the governor then ran k = 1, 3, 4, 5, 6 in turn, each the
+        best estimate not yet measured and each measured below it, for the band's whole 65 steps
+        (bench/results/closed-loop.md, "2026-12-04, sixth sweep")."""
         est = self.fixed_speedups(costs)
         if est is None:
             return None
         self.estimates = est.copy()
         band = self.spell.band()
-        for (b, k), spell in self.ran.items():
-            if b == band and self.steps - spell.started - spell.steps <= self.max_hold:
-                est[k] = min(est[k], spell.speedup(costs))
+        measured = {
+            k: spell.speedup(costs)
+            for (b, k), spell in self.ran.items()
+            if b == band and self.steps - spell.started - spell.steps <= self.max_hold
+        }
+        if running and self.mode is not None and (self.mode > 0 or self.spell.full):  # (k = 0: a full window)
+            measured[self.mode] = min(measured.get(self.mode, np.inf), self.spell.speedup(costs))
+        shortfalls = [m / est[k] for k, m in measured.items() if k > 0 and np.isfinite(est[k]) and est[k] > 0]
+        scale = min(1.0, float(np.median(shortfalls))) if shortfalls else 1.0
+        for k in range(1, self.max_window + 1):
+            est[k] = min(est[k], measured[k]) if k in measured else est[k] * scale
+        if 0 in measured:
+            est[0] = min(est[0], measured[0])
         return est
 
     # --- the decision ----------------------------------------------------------------------------------------
@@ -276,18 +293,16 @@ class Governor:
             self.trial = True
             return None
         if self._judging(self.window // 4):  # another fixed length, only when it beats this one by the margin
-            est = self._references(costs)
+            # this length as measured over its last `window` steps, if lower (_references, running): a shift in
+            # acceptance shows there within window / 2 steps, while the estimates' decayed counts take
+            # ~GOVERNOR_MEMORY steps. k = 0 is measured only over a full window: its speed is target-only's by
+            # definition, and a few steps' wall time (with the proposer's own time in it, which no estimate carries)
+            # would move it for nothing. The lengths run before at this band are believed as measured too: two
+            # lengths whose estimates are within the noise would otherwise trade places every quarter window, each
+            # measured against the other's optimistic estimate (bench/results/closed-loop.md, "2026-12-03, fourth
+            # sweep": chat's k = 1 <-> 2 every 8 steps)
+            est = self._references(costs, running=True)
             if est is not None:
-                # this length as measured over its last `window` steps, if lower: a shift in acceptance shows there
-                # within window / 2 steps, while the estimates' decayed counts take ~GOVERNOR_MEMORY steps. k = 0 is
-                # measured only over a full window: its speed is target-only's by definition, and a few steps' wall
-                # time (with the proposer's own time in it, which no estimate carries) would move it for nothing.
-                # The lengths run before at this band are believed as measured too (_references): two lengths whose
-                # estimates are within the noise would otherwise trade places every quarter window, each measured
-                # against the other's optimistic estimate (bench/results/closed-loop.md, "2026-12-03, fourth sweep": chat's
-                # k = 1 <-> 2 every 8 steps)
-                if self.mode > 0 or self.spell.full:
-                    est[self.mode] = min(est[self.mode], self.spell.speedup(costs))
                 # the policy as it measured before it lost (at this band, within max_hold steps): it lost to an
                 # estimate, which is optimistic (the module docstring), so a length that measures below it hands
                 # back at once (a trial) rather than after its hold (at one request k = 5, estimated 1.83x
