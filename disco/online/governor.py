@@ -299,8 +299,8 @@ class Governor:
             # definition, and a few steps' wall time (with the proposer's own time in it, which no estimate carries)
             # would move it for nothing. The lengths run before at this band are believed as measured too: two
             # lengths whose estimates are within the noise would otherwise trade places every quarter window, each
-            # measured against the other's optimistic estimate (bench/results/closed-loop.md, "2026-12-03, fourth
-            # sweep": chat's k = 1 <-> 2 every 8 steps)
+            # measured against the other's optimistic estimate (chat's k = 1 <-> 2 every 8 steps:
+            # bench/results/closed-loop.md, "2026-12-03, fourth sweep")
             est = self._references(costs, running=True)
             if est is not None:
                 # the policy as it measured before it lost (at this band, within max_hold steps): it lost to an
