@@ -6,13 +6,6 @@
 # 2, 1 (configs-sweep6.json) on the code test prompts; then target-only, the closed loop with no profile and with
 # the AVX2 EPYC's and vLLM k = 3 and 1 (the chat set's best lengths in the fifth sweep: configs-sweep6-chat.json) on
 # MT-Bench chat. One server per row, 1/2/4/8 requests, 8 prompts x 128 tokens. Resumable (serve_sweep.py run).
+# The rows and commands are sweep6.sh's, with outputs named sweep7.
 # Goals: python bench/vllm/closed-loop/goals.py bench/vllm/closed-loop/{code,mtbench}-sweep7.json
-E=~/.cache/disco/embedded
-PY=${PY:-.venv/bin/python}
-for set in code:code-test-8:configs-sweep6.json mtbench:mtbench-chat-8:configs-sweep6-chat.json; do
-  IFS=: read -r name file configs <<< "$set"
-  $PY bench/serve_sweep.py run --target $E/qwen2.5-coder-1.5b-instruct --draft $E/qwen2.5-coder-0.5b-instruct \
-    --prompts bench/vllm/closed-loop/$file.jsonl --num-prompts 8 --output-len 128 --concurrency 1,2,4,8 \
-    --configs target-only --config-file bench/vllm/closed-loop/$configs \
-    --out bench/vllm/closed-loop/$name-sweep7.json
-done
+SWEEP=sweep7 exec bash "$(dirname "$0")/sweep6.sh"
