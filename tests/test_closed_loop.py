@@ -577,9 +577,10 @@ def test_the_first_band_is_probed_and_a_later_one_only_where_it_does_not_draft()
     assert loop.override(8) is None
 
 
-def _step(loop: ClosedLoop, clock: list[float], batch: int, last: tuple[int, int], stale: bool) -> int | None:
+def _step(loop: ClosedLoop, clock: list[float], batch: int, last: tuple[int, int], stale: int) -> int | None:
     """One proposer step with made-up seconds: the target step over the last step's tokens (0.1 s + 2 ms a token),
-    the decision, the draft positions (30 ms each; none when off). last: the window drafted and accepted."""
+    the decision, the draft positions (30 ms each; none when off). last: the window drafted and accepted; stale: how
+    many of the batch's requests missed a pass."""
     drafted, accepted = last
     clock[0] += 0.1 + 0.002 * batch * (drafted + 1)
     loop.step(clock[0], batch * (drafted + 1), np.full(batch, drafted), np.full(batch, accepted))
@@ -627,7 +628,7 @@ def test_the_log_has_a_line_per_judged_step(tmp_path, monkeypatch):
     monkeypatch.setenv("DISCO_CLOSED_LOOP_LOG", str(path))
     loop, clock, last = _loop(), [0.0], (0, 0)
     for _ in range(14):
-        k = _step(loop, clock, 2, last, stale=False)
+        k = _step(loop, clock, 2, last, stale=0)
         last = (k or 0, k or 0)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["decided"] for x in lines[:12]] == [f"probe {k}" for k in [1, 2, 4, 8] * 3]
@@ -635,28 +636,43 @@ def test_the_log_has_a_line_per_judged_step(tmp_path, monkeypatch):
     assert len(lines) == 13 and lines[12]["decided"] == "policy" and lines[12]["batch"] == 2
 
 
-def test_an_off_governor_skips_the_draft_and_stale_requests_wait():
-    """Acceptance 0: the governor turns drafting off, and the proposer is told to skip the draft's pass (`off`);
-    when the policy's trial comes while requests that missed passes are in the batch, the loop runs k = 0 with the
-    pass on (not off), and those steps judge no spell; once the batch is fresh, the policy runs its trial."""
-    loop, clock = _loop(), [0.0]
+def _off_until_the_trial(loop: ClosedLoop, clock: list[float], batch: int) -> int:
+    """Acceptance 0 at `batch` requests: the probes, then the policy's losing spell, then the governor's off spell
+    until the policy's trial is due (its first step while every request in the batch missed the off steps' passes).
+    The off steps."""
     last = (0, 0)
-    for _ in range(12):  # the probes (acceptance 0)
-        k = _step(loop, clock, 4, last, stale=False)
+    for _ in range(12):  # the probes
+        k = _step(loop, clock, batch, last, stale=0)
         last = (k or 0, 0)
     offs = 0
     for _ in range(300):
-        k = _step(loop, clock, 4, last, stale=offs > 0)
-        offs += loop.off
+        k = _step(loop, clock, batch, last, stale=batch if offs else 0)
+        offs += loop.off and loop.decision.label == "off"
         if loop.governor.mode is None and offs:  # the policy's trial is due: the batch still has stale requests
             break
         last = (2 if k is None else k, 0)
-    assert offs >= GOVERNOR_WINDOW // 2 and loop.governor.mode is None and k == 0 and not loop.off
+    assert loop.governor.mode is None and k == 0
+    return offs
+
+
+def test_an_off_governor_skips_the_draft_and_stale_requests_wait():
+    """Acceptance 0: the governor turns drafting off, and the proposer is told to skip the draft's pass (`off`);
+    when the policy's trial comes while requests that missed passes are in the batch, the loop runs k = 0 until
+    none is left, and those steps judge no spell: with the pass skipped still while every request is stale (it
+    would keep no one whole), with it (not off) once a request the draft has seen whole is in the batch (a new
+    one: the pass keeps it whole); once the batch is fresh, the policy runs its trial."""
+    loop, clock = _loop(), [0.0]
+    assert _off_until_the_trial(loop, clock, 4) >= GOVERNOR_WINDOW // 2
+    assert loop.off and loop.decision.label == "stale-off" and not loop.decision.spell
     before = loop.governor.spell.steps
     for _ in range(5):
-        assert _step(loop, clock, 4, (0, 0), stale=True) == 0 and not loop.off
+        assert _step(loop, clock, 4, (0, 0), stale=4) == 0 and loop.off
+    for _ in range(5):  # a new request in the batch
+        assert _step(loop, clock, 4, (0, 0), stale=3) == 0 and not loop.off
+        assert loop.decision.label == "stale"
     assert loop.governor.spell.steps == before  # the rejoin's steps judge nothing
-    assert _step(loop, clock, 4, (0, 0), stale=False) is None  # fresh: the policy's trial
+    assert _step(loop, clock, 4, (0, 0), stale=0) is None  # fresh: the policy's trial
+    assert not loop.off
     assert not _loop(skip_idle=False).off
 
 

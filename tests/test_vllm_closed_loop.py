@@ -80,10 +80,14 @@ def losing(folders, tmp_path_factory):
     p.target_engine.close()
 
 
-def test_the_governor_falls_back_where_drafting_loses(losing, ids, reference):
+def test_the_governor_falls_back_where_drafting_loses(losing, ids, reference, tmp_path, monkeypatch):
     """A policy that always drafts K_MAX tokens on a draft whose tokens the target rejects: within the
     governor's bound (GOVERNOR_WINDOW steps once the costs are measured) it drafts nothing (k = 0) and skips the
-    draft's pass for a hold, and the outputs stay the target's."""
+    draft's pass for a hold, and the outputs stay the target's. The second request starts while drafting is off
+    (stale from its prefill): when the policy's trial is due, the pass stays skipped while it is the batch's only
+    request (the pass would keep no one whole)."""
+    path = tmp_path / "loop.jsonl"
+    monkeypatch.setenv("DISCO_CLOSED_LOOP_LOG", str(path))
     p, spec = losing
     proposer = p.target_engine.proposer(spec)
     proposer.set_policy(PolicySpec("constant", k=K_MAX), closed_loop=True)
@@ -91,6 +95,8 @@ def test_the_governor_falls_back_where_drafting_loses(losing, ids, reference):
     gov = proposer.loop.governor
     # off (k = 0) for a hold of GOVERNOR_HOLD steps at least: the draft's pass skipped (after it, the policy's trial)
     assert proposer.n_skipped >= GOVERNOR_HOLD, (proposer.n_skipped, gov.mode, gov.estimates, gov.policy_speedup)
+    decided = [json.loads(x)["decided"] for x in path.read_text().splitlines()]
+    assert "stale-off" in decided and "stale" not in decided, decided
     want = [vllm_generate(p, SpecConfig(), [prompt], 96)[0][0] for prompt in ids[:2]]
     assert outs == want
 

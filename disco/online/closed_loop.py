@@ -15,9 +15,10 @@ profile if one is given) and `override(batch, stale)` (None, the policy decides;
 warm-up probe, the governor's choice, or 0 while stale requests finish). When the governor drafts nothing, `off` is
 set and the proposer skips the draft's pass altogether (vLLM's catch-up: ~one draft position a step, up to 16 % of a
 step at 8 requests on this CPU); the requests in the batch then have holes in the draft's KV cache and never draft
-again (`stale`), so before the policy is tried again the loop runs k = 0 with the catch-up pass until every request
-in the batch is one the draft has seen whole (a request's lifetime at most, once per hold of up to
-GOVERNOR_MAX_HOLD steps).
+again (`stale`), so before the policy is tried again the loop runs k = 0 until every request in the batch is one
+the draft has seen whole (a request's lifetime at most, once per hold of up to GOVERNOR_MAX_HOLD steps): with the
+catch-up pass while a request the draft has seen whole is in the batch (it keeps that one whole), without it (`off`
+still) while every request is stale (the pass would keep no one whole).
 The online calibration of the classifier's probabilities (online_calibration.OnlineCalibration) is held here and
 applied where the probabilities are made (batch_policy.BatchClassifier), on the device.
 
@@ -190,11 +191,12 @@ class ClosedLoop:
     def cost_model(self) -> CostModel:
         return self.costs.cost_model()
 
-    def override(self, batch: int = 1, stale: bool = False) -> int | None:
+    def override(self, batch: int = 1, stale: int = 0) -> int | None:
         """The fixed length this step of `batch` requests runs (None: the policy decides): a probe of the batch's
         band, else the governor's choice, judged on this process's own costs once they are measured (before, the
-        seed's absolute numbers may be another machine's). stale: a request in the batch missed the draft's pass
-        in an off step (it cannot draft: the policy waits at k = 0, pass on, until no such request is left)."""
+        seed's absolute numbers may be another machine's). stale: how many of the batch's requests missed the
+        draft's pass in an off step (they cannot draft: the policy waits at k = 0 until none is left, with the
+        pass while some request is whole, `off` while none is)."""
         self.off = False
         probes = self._band_probes(batch)
         if probes and not stale and self.governor.mode != 0:
@@ -206,7 +208,11 @@ class ClosedLoop:
             self.off, self.decision = True, Decision(True, "off", spells)
             return 0
         if stale:  # back from an off spell: the stale requests finish before the policy's trial counts
-            self.decision = Decision(False, "stale", spells)
+            # a batch of stale requests only: the pass keeps no one whole, so it stays skipped (at 8 requests on
+            # chat, 8 requests stale from their prefills ran their whole lives at k = 0 with the pass, 24.2 tok/s
+            # against off's 35.4: bench/results/closed-loop.md, "2026-12-04, seventh sweep")
+            self.off = stale >= batch
+            self.decision = Decision(False, "stale-off" if self.off else "stale", spells)
             return 0
         self.decision = Decision(True, "policy" if k is None else f"fixed {k}", spells)
         return k

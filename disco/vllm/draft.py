@@ -271,7 +271,7 @@ class _DiscoDraft:
         """Who decides this step: the policy, or the fixed length the closed loop chose (closed_loop.ClosedLoop: a
         probe, the governor's, 0 while a stale request is in the batch; the policy still learns every outcome
         through update)."""
-        stale = bool(self._stale) and any(st.request_id in self._stale for st in states)
+        stale = sum(st.request_id in self._stale for st in states) if self._stale else 0
         k = loop.override(len(states), stale) if loop is not None else None
         if k is None:
             return self.policy

@@ -15,10 +15,17 @@ bound computed under the costs of `vllm serve`, not of an in-process profile.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from collections import defaultdict
 from itertools import accumulate
 from pathlib import Path
+
+
+def read_lines(path: Path) -> list[str]:
+    """A log's lines, gzipped (as the sweeps keep them: sweep*-loops/*.loop.jsonl.gz) or not."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [x for x in text.splitlines() if x.strip()]
 
 
 def band(batch: int) -> int:
@@ -26,7 +33,7 @@ def band(batch: int) -> int:
 
 
 def summarize(path: Path) -> str:
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    lines = [json.loads(x) for x in read_lines(path)]
     # band -> kind -> [steps, seconds, tokens]
     table: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0, 0]))
     moves = []
@@ -87,7 +94,7 @@ def serve_profile(paths: list[Path], max_window: int = 8, max_batch: int = 8) ->
     steps: dict[int, list[float]] = defaultdict(list)
     drafts: dict[int, list[float]] = defaultdict(list)
     for path in paths:
-        for x in (json.loads(line) for line in path.read_text().splitlines() if line.strip()):
+        for x in (json.loads(line) for line in read_lines(path)):
             if x["target_s"] is None or x["tokens"] > sum(x["drafted"]) + len(x["drafted"]):
                 continue
             steps[x["tokens"]].append(x["target_s"])
