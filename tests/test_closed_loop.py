@@ -748,3 +748,27 @@ def test_a_band_whose_lengths_all_measure_below_their_estimates_is_not_chased():
     fixed = [c for c in choices if c is not None]
     assert choices[:GOVERNOR_WINDOW] == [None] * GOVERNOR_WINDOW and len(fixed) == GOVERNOR_HOLD
     assert gov.estimates is not None and set(fixed) == {int(np.argmax(gov.estimates))}
+
+
+def test_a_slowdown_every_mode_shares_does_not_turn_drafting_off():
+    """Chat-like at 4 requests: acceptance 0.7, the policy's 6-token windows lose, and the governor runs the best
+    fixed length (~1.4x target-only by the table). Then the machine runs 1.8x slower for GOVERNOR_WINDOW steps,
+    target and draft alike, while the cost table (a running median) has not moved yet: measured against the table
+    alone, the length running reads ~0.9x target-only and k = 0 (1.00x by definition) took over (the ninth sweep's
+    chat rows); measured at the machine's pace of the same steps (their target steps as timed over the table's), it
+    still wins, and the governor keeps drafting."""
+    costs = _costs([0.1 if t <= 8 else 0.1 + 0.01 * (t - 8) for t in range(1, MAX_BATCH * (K + 1) + 1)], 0.02)
+    rng, accept = np.random.default_rng(7), _geometric(0.7)
+    for slow in (1.0, 1.8):
+        gov = Governor(K, MAX_BATCH)
+        for step in range(GOVERNOR_WINDOW + GOVERNOR_HOLD // 2):
+            k = gov.choose(costs)
+            factor = slow if step >= GOVERNOR_WINDOW + 8 else 1.0
+            drafted = np.full(4, K if k is None else k)
+            t = int(4 + drafted.sum())
+            target = factor * costs.c_step[t - 1]
+            gov.observe(drafted, accept(rng, drafted), target + factor * int(drafted.max()) * 0.02, True, target, t)
+            if step == GOVERNOR_WINDOW + 7:
+                running = gov.mode
+                assert running is not None and running > 0  # the policy lost to a fixed length
+        assert gov.mode == running, (slow, gov.mode)

@@ -150,7 +150,7 @@ class ClosedLoop:
             # bench/results/closed-loop.md, "2026-12-04, sixth sweep")
             decode = int(sum(drafted)) + len(drafted)
             spell = decision.spell and tokens <= decode and decision.spells == self.governor.spells
-            self.governor.observe(drafted, accepted, now - self._started, spell=spell)
+            self.governor.observe(drafted, accepted, now - self._started, spell=spell, target=target, verified=tokens)
             if tokens <= decode:  # (a new request's first step drafted nothing for it: not the band's choice)
                 self._watch_band(drafted)
             if self._log is not None:

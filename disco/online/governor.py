@@ -9,7 +9,9 @@ step's wall time) and its running costs (online_costs.OnlineCosts), it estimates
 - what a plain fixed length k = 0 .. K would give on the same steps (the batch sizes of the window):
   tokens b * E_k, E_k = 1 + sum_{j<=k} prod_{i<=j} alpha_i, in c_step(b (k + 1)) + k c_draft(b) seconds;
 - the policy's own measured tokens per second over the last GOVERNOR_WINDOW steps;
-all as speedups over target-only (b tokens per c_step(b)), which travel across batch sizes.
+all as speedups over target-only (b tokens per c_step(b)), which travel across batch sizes; a measured speedup
+at the machine's pace over its steps (their target steps as timed, over the table's cost: Spell.pace), so a
+slowdown every mode shares, which the table's running medians follow only later, is no mode's loss.
 
 choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
 - a spell counts the steps decided in it (a step decided under the last mode is no one's: closed_loop.Decision);
@@ -76,6 +78,8 @@ class Spell:
         self.tokens = np.zeros(self.window)
         self.seconds = np.zeros(self.window)
         self.batch = np.zeros(self.window, dtype=np.int64)
+        self.target = np.zeros(self.window)  # the step's target step as timed here (0: not timed) ...
+        self.verified = np.zeros(self.window, dtype=np.int64)  # ... over this many tokens
         self.steps = 0  # steps in this spell so far
         self.started = 0  # the governor's step count when it started
         self.drafted = 0  # draft tokens its steps verified, all of them
@@ -85,9 +89,12 @@ class Spell:
     def full(self) -> bool:
         return self.steps >= self.window
 
-    def add(self, tokens: float, seconds: float, batch: int, drafted: int = 0) -> None:
+    def add(
+        self, tokens: float, seconds: float, batch: int, drafted: int = 0, target: float = 0.0, verified: int = 0
+    ) -> None:
         i = self.steps % self.window
         self.tokens[i], self.seconds[i], self.batch[i] = tokens, seconds, batch
+        self.target[i], self.verified[i] = target, verified
         self.first_band = self.first_band or batch_band(batch)
         self.steps += 1
         self.drafted += drafted
@@ -103,10 +110,24 @@ class Spell:
         return batch_band(int(np.median(self.batch[:n])) if n else 1)
 
     def speedup(self, costs: CostModel) -> float:
-        """Measured tokens/s over target-only's on the same steps (c_step(b) for b tokens)."""
+        """Measured tokens/s over target-only's on the same steps (c_step(b) for b tokens), at the machine's pace of
+        those steps: their target steps as timed over what the table says they cost. The table is a running median
+        (online_costs), so it lags a change of the machine's speed by half its window; a slowdown every mode shares
+        would otherwise read as the drafting length running losing to k = 0, whose speed is target-only's by
+        definition (at 4 requests on chat, k = 1 at 1.8x target-only was left for k = 0 when the target step went
+        from ~0.35 to ~0.56 s within ten steps: bench/results/closed-loop.md, "2026-12-05, ninth sweep")."""
         n = min(self.steps, self.window)
         rate = self.tokens[:n].sum() / max(self.seconds[:n].sum(), 1e-12)
-        return rate / _target_rate(self.sizes(), costs)
+        return rate * self.pace(costs) / _target_rate(self.sizes(), costs)
+
+    def pace(self, costs: CostModel) -> float:
+        """The timed target steps' seconds over the table's for the same tokens (1: none timed)."""
+        n = min(self.steps, self.window)
+        timed = (self.target[:n] > 0) & (self.verified[:n] >= 1) & (self.verified[:n] <= len(costs.c_step))
+        if not timed.any():
+            return 1.0
+        table = np.asarray(costs.c_step)[self.verified[:n][timed] - 1].sum()
+        return float(self.target[:n][timed].sum() / max(table, 1e-12))
 
 
 def _target_rate(sizes: np.ndarray, costs: CostModel) -> float:
@@ -165,11 +186,14 @@ class Governor:
         accepted: Sequence[int] | np.ndarray,
         seconds: float,
         spell: bool = True,
+        target: float | None = None,
+        verified: int = 0,
     ) -> None:
         """One verified step: each request's drafted and accepted length (the step's decode requests), the step's
         wall time (its target step, its drafting, its decisions: one propose() start to the next). spell: the step
         ran the mode the governor chose (False: a warm-up probe, or a step waiting for stale requests: its outcomes
-        teach the acceptance estimates, its time judges no spell)."""
+        teach the acceptance estimates, its time judges no spell). target: its target step's seconds, over
+        `verified` tokens, as the cost table is fed them (None: not timed): the machine's pace (Spell.pace)."""
         d, a = np.asarray(drafted, dtype=np.int64), np.asarray(accepted, dtype=np.int64)
         self.steps += 1
         if not 0 < len(d) <= self.max_batch:
@@ -179,7 +203,7 @@ class Governor:
             self.judged = self.judged * self.decay + ((j <= d[:, None]) & (j <= a[:, None] + 1)).sum(0)
             self.accepted = self.accepted * self.decay + (j <= np.minimum(a, d)[:, None]).sum(0)
         if spell:
-            self.spell.add(float((a + 1).sum()), seconds, len(d), int(d.sum()))
+            self.spell.add(float((a + 1).sum()), seconds, len(d), int(d.sum()), target or 0.0, verified)
 
     def alphas(self) -> np.ndarray | None:
         """(K,) per-position conditional acceptance; None before any window was judged."""
