@@ -49,7 +49,7 @@ def synthetic_clock(monkeypatch, truth: CostModel = SEED) -> None:
     """The closed loop sees `truth`'s seconds instead of this machine's: a target step over t tokens costs
     truth.c_step[t - 1], a draft position over b rows truth.c_draft[b - 1] (the last entries past their ends: a
     prefill's hundreds of tokens, which the running table leaves out anyway), a step's wall time (the governor's) its
-    verification and its longest window's positions."""
+    verification and its longest window's positions, its target step (the governor's pace) its verification."""
     step, position, observe = OnlineCosts.observe_step, OnlineCosts.observe_draft, Governor.observe
 
     def at(costs: tuple[float, ...], n: int) -> float:
@@ -61,4 +61,10 @@ def synthetic_clock(monkeypatch, truth: CostModel = SEED) -> None:
 
     monkeypatch.setattr(OnlineCosts, "observe_step", lambda self, t, s: step(self, t, at(truth.c_step, t)))
     monkeypatch.setattr(OnlineCosts, "observe_draft", lambda self, b, s: position(self, b, at(truth.c_draft, b)))
-    monkeypatch.setattr(Governor, "observe", lambda self, d, a, s, spell=True: observe(self, d, a, seconds(d), spell))
+
+    def observed(self, d, a, s, spell=True, target=None, verified=0) -> None:
+        # the step's target step as the synthetic clock times it too (the governor's pace: governor.Spell.pace)
+        timed = None if target is None else at(truth.c_step, verified)
+        observe(self, d, a, seconds(d), spell, timed, verified)
+
+    monkeypatch.setattr(Governor, "observe", observed)
