@@ -772,3 +772,31 @@ def test_a_slowdown_every_mode_shares_does_not_turn_drafting_off():
                 running = gov.mode
                 assert running is not None and running > 0  # the policy lost to a fixed length
         assert gov.mode == running, (slow, gov.mode)
+
+
+def test_an_off_step_at_another_band_keeps_new_requests_whole_until_k0_is_judged_there():
+    """Acceptance 0 at 4 requests: the governor is off (the pass skipped, the 4 requests stale). Four new requests
+    join (8, another band): while k = 0 holds from 4 requests, its steps keep the pass (`off+pass`, not off), so the
+    new ones stay whole for a drafting length the governor may move to at 8 (before, they missed it at their prefill
+    and could never draft: the ninth sweep's chat level at 8 requests); a batch of stale requests alone still skips
+    it. Judged again at 8 requests (within a window) k = 0 stays, begun again at that band: the pass is skipped."""
+    loop, clock, last = _loop(), [0.0], (0, 0)
+    for _ in range(300):
+        k = _step(loop, clock, 4, last, stale=0)
+        if loop.decision.label == "off":
+            break
+        last = (2 if k is None else k, 0)
+    for _ in range(3):
+        assert _step(loop, clock, 4, (0, 0), stale=4) == 0 and loop.off
+    assert loop.governor.mode == 0 and loop.governor.until - loop.governor.steps > GOVERNOR_WINDOW
+    assert _step(loop, clock, 8, (0, 0), stale=8) == 0 and loop.off  # (every request stale: the pass keeps no one)
+    passes = 0
+    for _ in range(GOVERNOR_WINDOW):
+        assert _step(loop, clock, 8, (0, 0), stale=4) == 0
+        if loop.off:
+            break
+        assert loop.decision.label == "off+pass" and loop.decision.spell
+        passes += 1
+    assert passes >= 1 and loop.off and loop.decision.label == "off"
+    assert loop.governor.mode == 0
+    assert _step(loop, clock, 8, (0, 0), stale=4) == 0 and loop.off and loop.governor.spell.first_band == 8

@@ -18,7 +18,8 @@ step at 8 requests on this CPU); the requests in the batch then have holes in th
 again (`stale`), so before the policy is tried again the loop runs k = 0 until every request in the batch is one
 the draft has seen whole (a request's lifetime at most, once per hold of up to GOVERNOR_MAX_HOLD steps): with the
 catch-up pass while a request the draft has seen whole is in the batch (it keeps that one whole), without it (`off`
-still) while every request is stale (the pass would keep no one whole).
+still) while every request is stale (the pass would keep no one whole). An off step at a batch band other than the
+one k = 0 began at keeps the pass while a request is whole (new ones: the governor judges k = 0 again there).
 The online calibration of the classifier's probabilities (online_calibration.OnlineCalibration) is held here and
 applied where the probabilities are made (batch_policy.BatchClassifier), on the device.
 
@@ -205,6 +206,15 @@ class ClosedLoop:
         k = self.governor.choose(self.costs.cost_model() if self.costs.warm else None)
         spells = self.governor.spells
         if k == 0 and self.skip_idle:
+            # at a batch band other than the one k = 0 began at, the pass runs while a request the draft has seen
+            # whole is in the batch (new ones, prefilled now): the governor judges k = 0 again at the new band
+            # (Governor._fixed), and a drafting length it moves to finds them whole. Skipped, the ninth sweep's
+            # eight chat requests all missed it at their prefill (k = 0 held from 4 requests) and ran their lives
+            # at k = 0, 94 % of the 8-request level (bench/results/closed-loop.md, "2026-12-05, ninth sweep")
+            first = self.governor.spell.first_band
+            if stale < batch and first and batch_band(batch) != first:
+                self.decision = Decision(True, "off+pass", spells)
+                return 0
             self.off, self.decision = True, Decision(True, "off", spells)
             return 0
         if stale:  # back from an off spell: the stale requests finish before the policy's trial counts

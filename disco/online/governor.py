@@ -25,7 +25,8 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   GOVERNOR_WINDOW / 4 steps on
   (so a shift in acceptance that moves the best length twice moves it within two quarters, not two windows);
   k = 0 verifies no window, so its estimates of the others move only with the costs' noise: it is left for a drafting
-  length only where the batch band moved since it began, else at the hold's end, through the policy's trial;
+  length only where the batch band moved since it began (kept there, it begins again at that band), else at the
+  hold's end, through the policy's trial;
   after a hold
   (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
   GOVERNOR_WINDOW steps judged by the same rule, and sooner where the fixed length, judged so, falls below what
@@ -348,6 +349,8 @@ class Governor:
                 best = int(np.nanargmax(est))
                 if est[best] > est[self.mode] * (1.0 + self.margin):
                     self._enter(best)
+                elif self.mode == 0:  # k = 0 again at the band it moved to: from here on that band's k = 0
+                    self._enter(0)
         return self.mode
 
     def _judging(self, steps: int | None = None) -> bool:
