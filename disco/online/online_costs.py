@@ -176,7 +176,8 @@ class CostTable:
         return np.maximum(ym + slope * (np.arange(1, len(self.prior) + 1) - xm), 0.5 * float(y.min()))
 
     def estimate(self, glob: float | None, fallback_log_ratio: float | None) -> np.ndarray:
-        """(n,) seconds (or the prior's units, when nothing of either kind was observed), non-decreasing. glob: this
+        """(n,) seconds (or the prior's units, when nothing of either kind was observed), non-decreasing but where a
+        full-window bucket measured otherwise (the module docstring, "monotone"). glob: this
         kind's log_ratio(), fallback: the other kind's."""
         if glob is None:
             return self.prior * np.exp(fallback_log_ratio or 0.0)
@@ -210,10 +211,10 @@ class CostTable:
         weights[seen] = np.minimum(self.count[seen], self.window)
         fitted = _isotonic(est, weights)
         # a bucket timed a full window keeps its own estimate where the monotone fit moves it by more than
-        # ONLINE_COST_BUMP: that is this process's shape, not noise (a median of 25 moves ~2 %, its window's drift a few). On a Zen 4's
-        # `vllm serve` worker a target step over 2 tokens took 0.251 s and over 4 tokens 0.187 s; made monotone,
-        # 1-6 tokens were pooled at 0.213 s, target-only at 4 requests priced 12 % slower than it ran, and the
-        # governor kept drafting there at 0.85x target-only (bench/results/closed-loop.md, "2026-12-06, tenth sweep")
+        # ONLINE_COST_BUMP: that is this process's shape, not noise (a median of 25 moves ~2 %, its window's drift a
+        # few). On a Zen 4's `vllm serve` worker a target step over 2 tokens took 0.251 s and over 4 tokens 0.187 s;
+        # made monotone, 1-6 tokens were pooled at 0.213 s and target-only at 4 requests priced 9-12 % slower than it
+        # ran (bench/results/closed-loop.md, "2026-12-06, tenth sweep")
         full = self.count >= self.window
         bump = full & (np.abs(np.log(est / fitted)) > np.log1p(ONLINE_COST_BUMP))
         fitted[bump] = est[bump]
