@@ -545,6 +545,59 @@ def test_two_lengths_within_the_noise_do_not_trade_places():
     assert moves <= 20
 
 
+@pytest.mark.parametrize("accepted, policy_wins", [(1, False), (2, True)])
+def test_k0_replaces_a_drafting_policy_below_target_only_without_a_margin(accepted, policy_wins):
+    """Four requests draft one token each, `accepted` of the four accepted every step, a step 0.1 s and its draft
+    position 0.03 s: the policy runs at 5 / 0.13 = 0.96x target-only (accepted 1) or 6 / 0.13 = 1.15x (accepted 2),
+    no noise. k = 0 needs no margin over a drafting mode (Governor._beating): at 0.96x the governor drafts nothing
+    from GOVERNOR_WINDOW steps on (with the margin it needed 0.952x or less, and the policy drafted on); at 1.15x it
+    leaves the policy alone."""
+    gov = Governor(K, MAX_BATCH)
+    costs = _costs([0.1 if t <= 8 else 0.1 + 0.02 * (t - 8) for t in range(1, MAX_BATCH * (K + 1) + 1)], 0.03)
+    choices = []
+    for _ in range(3 * GOVERNOR_WINDOW):
+        k = gov.choose(costs)
+        choices.append(k)
+        drafted = np.ones(4, dtype=np.int64) if k is None else np.full(4, k)
+        got = np.minimum(drafted, np.arange(4) < accepted)
+        gov.observe(drafted, got, costs.c_step[int(4 + drafted.sum()) - 1] + int(drafted.max()) * 0.03)
+    if policy_wins:
+        assert choices == [None] * len(choices)
+    else:
+        assert gov.policy_speedup == pytest.approx(5 / 0.13 / 40, rel=1e-6)
+        assert choices[: GOVERNOR_WINDOW + 1] == [None] * GOVERNOR_WINDOW + [0]
+        assert set(choices[GOVERNOR_WINDOW:]) == {0}
+
+
+def test_a_steps_first_draft_position_is_timed_and_prices_the_fixed_lengths():
+    """A step's first draft position (vLLM's catch-up forward and the proposer's work: 0.2 s here) costs more than the
+    later ones (0.02 s): the loop times it as the step's drafting less its timed positions, at decode steps whose
+    pass ran (not a prefill's catch-up, not an off step), and the governor prices fixed k as c_first + (k - 1)
+    c_draft. Before, k positions at c_draft: k = 1 at 4 requests looked 0.18 s a step cheaper than it ran."""
+    loop, clock = _loop(), 0.0
+    loop.ended(clock)
+    for i in range(40):
+        k = 1 + i % 3
+        clock += 0.3  # the target step
+        loop.step(clock, 4 * (k + 1), [k] * 4, [k] * 4)  # (its outcomes: read at the next step's start, as vLLM)
+        for _ in range(k - 1):
+            loop.position(4, 0.02)
+        clock += 0.2 + 0.02 * (k - 1)
+        loop.ended(clock, passed=4)
+    loop.step(clock + 3.0, 4 + 300, [1, 1, 1, 0], [1, 1, 1, 0])  # a new request's prefill: its catch-up is long
+    loop.ended(clock + 8.0, passed=4)
+    loop.step(clock + 8.3, 4, [0] * 4, [0] * 4)  # an off step: no pass
+    loop.ended(clock + 8.3, passed=0)
+    assert loop.costs.firsts.count[3] == 39  # (the first step has no decision before it: not timed)
+    costs = loop.cost_model()
+    assert costs.c_first[3] == pytest.approx(0.2, rel=1e-6) and costs.c_draft[3] == pytest.approx(0.02, rel=1e-6)
+    times = loop.governor._step_times(costs)
+    assert times[4, 1] == pytest.approx(costs.c_step[7] + 0.2, rel=1e-6)
+    assert times[4, 3] == pytest.approx(costs.c_step[15] + 0.2 + 2 * 0.02, rel=1e-6)
+    assert times[4, 0] == pytest.approx(costs.c_step[3], rel=1e-6)  # (k = 0 skips the pass: off)
+    assert CostModel(0.1, (1.0,), "x", (1.0,) * 4, (0.05,) * 4).first_position(4) == 0.05  # untimed: c_draft
+
+
 # --- the closed loop's schedule: probes by batch band, off steps, stale requests ------------------------------
 
 

@@ -174,7 +174,7 @@ CLOSED_LOOP_BAND_WATCH = 4
 # set to a file: one JSON line there per step the closed loop judged (online/closed_loop.py)
 CLOSED_LOOP_LOG_ENV = "DISCO_CLOSED_LOOP_LOG"
 GOVERNOR_WINDOW = 32  # steps the governor judges on (a spell of the policy, a trial, a fixed length)
-GOVERNOR_MARGIN = 0.05  # a fixed length must beat the policy by this share before the governor takes over
+GOVERNOR_MARGIN = 0.05  # a drafting length must beat the policy by this share to take over (k = 0: by nothing)
 GOVERNOR_HOLD = 64  # steps on a fixed length before the policy is tried again (doubled after each failed trial) ...
 GOVERNOR_MAX_HOLD = 1024  # ... up to this
 GOVERNOR_MEMORY = 64  # steps: the per-position acceptance counts decay by 1 - 1/this each step

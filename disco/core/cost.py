@@ -33,6 +33,11 @@ class CostModel:
     # disco's policy on vLLM's own draft: c_draft[b - 1] = one batched draft position for b requests (the
     # proposer drafts all running requests at once); empty when each request drafts on its own (c_d)
     c_draft: tuple[float, ...] = ()
+    # the closed loop's running table only (online_costs.OnlineCosts): c_first[b - 1] = a step's first draft
+    # position for b requests as the serving process runs it, vLLM's catch-up forward over the tokens just verified
+    # and the proposer's own work with it, which c_draft (the later positions) does not carry; empty: as c_draft.
+    # The cost rules never read it (the first position runs before any of their decisions); the governor does
+    c_first: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.c_d < 0 or not self.c_t or min(self.c_t) <= 0:
@@ -95,6 +100,10 @@ class CostModel:
         """One batched draft position for `batch` requests (c_draft; its last entry beyond the sizes profiled),
         None when each request drafts on its own (c_d)."""
         return self.c_draft[min(batch, len(self.c_draft)) - 1] if self.c_draft else None
+
+    def first_position(self, batch: int) -> float | None:
+        """A step's first draft position for `batch` requests (c_first, else draft_position)."""
+        return self.c_first[min(batch, len(self.c_first)) - 1] if self.c_first else self.draft_position(batch)
 
     def verify(self, k: int) -> float:
         if k > len(self.c_t):

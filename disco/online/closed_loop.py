@@ -7,8 +7,11 @@ One object per proposer, fed at three moments of its step:
                                            the last step's drafting ended) and the verified windows' outcomes,
                                            judged under the decision that drafted them (`decision`, taken before
                                            this step's override when the outcomes are read after it: vllm/draft.py)
-    position(batch, seconds)               one batched draft position ran
-    ended(now)                             this step's drafting is over (the target step starts)
+    position(batch, seconds)               one batched draft position ran (the second and later: the first
+                                           carries vLLM's catch-up forward)
+    ended(now, passed)                     this step's drafting is over (the target step starts); passed: the
+                                           batch size whose draft pass ran (its first position: the drafting
+                                           time less the later positions', when the step verified decode only)
 
 and asked, when it decides, for `cost_model()` (the running cost table: online_costs.OnlineCosts, seeded by the
 profile if one is given) and `override(batch, stale)` (None, the policy decides; k, a fixed length this step: a
@@ -96,6 +99,8 @@ class ClosedLoop:
         self.decision = Decision(True, "policy")  # what decided the last step (override)
         self._started: float | None = None  # when the last step's propose began
         self._ended: float | None = None  # when the last step's drafting ended (its target step began)
+        self._positions = 0.0  # this step's timed positions' seconds
+        self._decode = False  # the target step this step's pass caught up on verified decode tokens only
         path = os.environ.get(CLOSED_LOOP_LOG_ENV)
         self._log: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (the process's)
 
@@ -150,6 +155,7 @@ class ClosedLoop:
             # and ran 32 steps at 0.7x target-only instead of 8:
             # bench/results/closed-loop.md, "2026-12-04, sixth sweep")
             decode = int(sum(drafted)) + len(drafted)
+            self._decode = tokens <= decode
             spell = decision.spell and tokens <= decode and decision.spells == self.governor.spells
             self.governor.observe(drafted, accepted, now - self._started, spell=spell, target=target, verified=tokens)
             if tokens <= decode:  # (a new request's first step drafted nothing for it: not the band's choice)
@@ -180,9 +186,14 @@ class ClosedLoop:
     def position(self, batch: int, seconds: float) -> None:
         if 0 < batch <= self.max_batch:
             self.costs.observe_draft(batch, seconds)
+            self._positions += seconds
 
-    def ended(self, now: float) -> None:
-        self._ended = now
+    def ended(self, now: float, passed: int = 0) -> None:
+        """This step's drafting is over. passed: the batch size of the draft pass it ran (0: none, or disco's
+        loop, which times its first position as a position where the draft's cache is current)."""
+        if passed and self._decode and self._started is not None and 0 < passed <= self.max_batch:
+            self.costs.observe_first(passed, now - self._started - self._positions)
+        self._ended, self._positions, self._decode = now, 0.0, False
 
     def begin(self, now: float) -> None:
         """A request starts with no step pending (disco's loop: one request at a time): the time since the last

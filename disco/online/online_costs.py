@@ -5,6 +5,8 @@ setting; the serving process is the truth. It times its own steps and feeds them
 
     observe_step(tokens, seconds)   one target step over `tokens` tokens in all (the batch's requests together)
     observe_draft(batch, seconds)   one batched draft position for `batch` requests
+    observe_first(batch, seconds)   a decode step's first draft position for `batch` requests (vLLM's catch-up
+                                    forward, with the proposer's own work: what drafting at all costs a step)
 
 and asks `cost_model()` for a CostModel (c_step, c_draft, c_d, c_t) the cost rules read as they read a profile
 (`at_load` works on it).
@@ -242,6 +244,11 @@ class OnlineCosts:
         step_prior, draft_prior = self._priors(seed)
         self.steps = CostTable(step_prior, window, trend=True)
         self.drafts = CostTable(draft_prior, window)
+        # a step's first position: the same rule on the draft positions' prior, read only by the governor (untimed:
+        # the later positions' estimate). At 4 chat requests on a Zen 4 it ran ~0.11 s where the table, which times
+        # the later positions only, interpolated the position between 2 and 8 requests; k = 1 times no later one
+        # (bench/results/closed-loop.md, "2026-12-07, twelfth sweep")
+        self.firsts = CostTable(draft_prior, window)
         self.dropped: str | None = None  # why the seed's shape was dropped (None: it holds, or there is none)
         self.fitted: set[str] = set()  # the kinds whose prior is the line through this process's own timings
         self._model: CostModel | None = None
@@ -267,6 +274,10 @@ class OnlineCosts:
         """One batched draft position for `batch` requests."""
         if self.drafts.observe(batch, seconds):
             self._refute()
+
+    def observe_first(self, batch: int, seconds: float) -> None:
+        """A decode step's first draft position for `batch` requests, with the proposer's work around it."""
+        self.firsts.observe(batch, seconds)
 
     @property
     def observed(self) -> int:
@@ -307,12 +318,15 @@ class OnlineCosts:
             if table.misfit() is not None:
                 table.prior = table.fitted_line()
                 self.fitted.add(kind)
+        self.firsts.prior = self.drafts.prior  # (a step's first position is shaped by batch as the later ones)
         self._next_build = 0
 
     def _build(self) -> CostModel:
         step_ratio, draft_ratio = self.steps.log_ratio(), self.drafts.log_ratio()
         c_step = self.steps.estimate(step_ratio, draft_ratio)
         c_draft = self.drafts.estimate(draft_ratio, step_ratio)
+        first_ratio = self.firsts.log_ratio()
+        c_first = self.firsts.estimate(first_ratio, draft_ratio) if first_ratio is not None else c_draft
         dropped = "; the profile's shape dropped" if self.dropped else ""
         dropped += "".join(f"; {kind}' shape fitted here" for kind in sorted(self.fitted))
         source = f"online ({self.steps.observed} steps, {self.drafts.observed} draft positions timed{dropped})"
@@ -322,4 +336,5 @@ class OnlineCosts:
             source,
             tuple(float(x) for x in c_step),
             tuple(float(x) for x in c_draft),
+            tuple(float(x) for x in c_first),
         )

@@ -194,9 +194,10 @@ class _DiscoDraft:
         self._step = self._begin(n, num_speculative_tokens, kwargs["next_token_ids"], cad, kwargs)
         step = self._step
         k = num_speculative_tokens if step.may_draft else 0  # 0: vLLM only keeps the draft's KV in sync
+        off = self.loop is not None and self.loop.off  # (the governor drafts nothing: pass skipped, rows stale)
+        passed = bool(k or not (self.never_drafts or off))  # (no request will ever draft: the draft's KV is never read)
         try:
-            off = self.loop is not None and self.loop.off  # (the governor drafts nothing: pass skipped, rows stale)
-            if k or not (self.never_drafts or off):  # (no request will ever draft: the draft's KV is never read)
+            if passed:
                 super().propose(k, *args, **kwargs)  # type: ignore[misc]
             elif off:
                 self._stale.update(st.request_id for st in step.states)
@@ -211,7 +212,7 @@ class _DiscoDraft:
         windows = step.windows()
         if self.loop is not None:  # the target step that ran before this one, the windows it verified
             self.loop.step(t0, int(cad.query_start_loc_cpu[n]), step.verified, step.accepted_now, judged)
-            self.loop.ended(time.perf_counter())
+            self.loop.ended(time.perf_counter(), n if passed else 0)
         return windows
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any):
