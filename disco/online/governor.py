@@ -232,9 +232,8 @@ class Governor:
             position = np.array([costs.c_d * x if s is None else s for s, x in zip(shared, sizes)])[:, None]
             firsts = [costs.first_position(x) for x in sizes]
             first = np.array([p if f is None else f for f, p in zip(firsts, position[:, 0])])[:, None]
-            # the first position carries vLLM's catch-up forward and the proposer's own work: ~0.11 s at 4 chat
-            # requests on a Zen 4 against the later positions' interpolated ~0.06 (bench/results/closed-loop.md,
-            # "2026-12-07, twelfth sweep")
+            # the first position carries vLLM's catch-up forward and the proposer's own work, timed as its own
+            # (online_costs.OnlineCosts.firsts): where k = 1 ran, no later position was ever timed
             drafting = np.where(k >= 1, first + (k - 1) * position, first if self.idle_position else 0.0)
             self._times = verify + drafting
             self._costs = costs
@@ -371,7 +370,7 @@ class Governor:
         draft's prefill, the requests it puts out of step: prefills one at a time, a tail of fewer requests): at 4
         chat requests on a Zen 4, k = 1 ran 0.96x target-only step by step and 0.85x served, and the policy, measured
         at 0.97x after its trial, handed over to k = 1 (estimated 1.02x), not to k = 0 (bench/results/closed-loop.md,
-        "2026-12-06, tenth sweep" and "eleventh sweep")."""
+        "2026-12-06, tenth sweep" and "2026-12-06, eleventh sweep")."""
         hurdle = np.full(len(ref), 1.0 + self.margin)
         hurdle[0] = 1.0
         gain = ref / hurdle

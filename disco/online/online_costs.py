@@ -245,8 +245,8 @@ class OnlineCosts:
         self.steps = CostTable(step_prior, window, trend=True)
         self.drafts = CostTable(draft_prior, window)
         # a step's first position: the same rule on the draft positions' prior, read only by the governor (untimed:
-        # the later positions' estimate). At 4 chat requests on a Zen 4 it ran ~0.11 s where the table, which times
-        # the later positions only, interpolated the position between 2 and 8 requests; k = 1 times no later one
+        # the later positions' estimate). k = 1 times no later position: at 4 chat requests on a Zen 4 its steps
+        # drafted for a median 0.119 s that no bucket had timed
         # (bench/results/closed-loop.md, "2026-12-07, twelfth sweep")
         self.firsts = CostTable(draft_prior, window)
         self.dropped: str | None = None  # why the seed's shape was dropped (None: it holds, or there is none)
