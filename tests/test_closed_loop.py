@@ -573,7 +573,8 @@ def test_a_steps_first_draft_position_is_timed_and_prices_the_fixed_lengths():
     """A step's first draft position (vLLM's catch-up forward and the proposer's work: 0.2 s here) costs more than the
     later ones (0.02 s): the loop times it as the step's drafting less its timed positions, at decode steps whose
     pass ran (not a prefill's catch-up, not an off step), and the governor prices fixed k as c_first + (k - 1)
-    c_draft. Before, k positions at c_draft: k = 1 at 4 requests looked 0.18 s a step cheaper than it ran."""
+    c_draft (the policy's decisions, timed apart, are not the position's). Before, k positions at c_draft: k = 1 at 4
+    requests looked 0.18 s a step cheaper than it ran."""
     loop, clock = _loop(), 0.0
     loop.ended(clock)
     for i in range(40):
@@ -582,8 +583,8 @@ def test_a_steps_first_draft_position_is_timed_and_prices_the_fixed_lengths():
         loop.step(clock, 4 * (k + 1), [k] * 4, [k] * 4)  # (its outcomes: read at the next step's start, as vLLM)
         for _ in range(k - 1):
             loop.position(4, 0.02)
-        clock += 0.2 + 0.02 * (k - 1)
-        loop.ended(clock, passed=4)
+        clock += 0.2 + 0.02 * (k - 1) + 0.01 * k  # (and 10 ms a position deciding: not the position's cost)
+        loop.ended(clock, passed=4, deciding=0.01 * k)
     loop.step(clock + 3.0, 4 + 300, [1, 1, 1, 0], [1, 1, 1, 0])  # a new request's prefill: its catch-up is long
     loop.ended(clock + 8.0, passed=4)
     loop.step(clock + 8.3, 4, [0] * 4, [0] * 4)  # an off step: no pass

@@ -9,9 +9,10 @@ One object per proposer, fed at three moments of its step:
                                            this step's override when the outcomes are read after it: vllm/draft.py)
     position(batch, seconds)               one batched draft position ran (the second and later: the first
                                            carries vLLM's catch-up forward)
-    ended(now, passed)                     this step's drafting is over (the target step starts); passed: the
+    ended(now, passed, deciding)           this step's drafting is over (the target step starts); passed: the
                                            batch size whose draft pass ran (its first position: the drafting
-                                           time less the later positions', when the step verified decode only)
+                                           time less the later positions' and the decisions', when the step
+                                           verified decode only)
 
 and asked, when it decides, for `cost_model()` (the running cost table: online_costs.OnlineCosts, seeded by the
 profile if one is given) and `override(batch, stale)` (None, the policy decides; k, a fixed length this step: a
@@ -188,11 +189,12 @@ class ClosedLoop:
             self.costs.observe_draft(batch, seconds)
             self._positions += seconds
 
-    def ended(self, now: float, passed: int = 0) -> None:
+    def ended(self, now: float, passed: int = 0, deciding: float = 0.0) -> None:
         """This step's drafting is over. passed: the batch size of the draft pass it ran (0: none, or disco's
-        loop, which times its first position as a position where the draft's cache is current)."""
+        loop, which times its first position as a position where the draft's cache is current); deciding: the
+        seconds its decisions took (the policy's features and model at every position: no fixed length's)."""
         if passed and self._decode and self._started is not None and 0 < passed <= self.max_batch:
-            self.costs.observe_first(passed, now - self._started - self._positions)
+            self.costs.observe_first(passed, now - self._started - self._positions - deciding)
         self._ended, self._positions, self._decode = now, 0.0, False
 
     def begin(self, now: float) -> None:

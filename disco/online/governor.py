@@ -18,12 +18,12 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
 - a spell counts the steps decided in it (a step decided under the last mode is no one's: closed_loop.Decision);
   a spell of the policy is judged once it has GOVERNOR_WINDOW steps, then every GOVERNOR_WINDOW / 8 steps, on
   the last GOVERNOR_WINDOW: when the best fixed length beats the policy by GOVERNOR_MARGIN (k = 0 by nothing:
-  Governor._beating), the governor takes over with it. So a policy losing from its start is replaced after GOVERNOR_WINDOW steps, one that starts losing
-  later within 9/8 GOVERNOR_WINDOW steps of the change; a spell that drafted nothing at all (the policy is then k = 0
+  Governor._beating), the governor takes over with it. So a policy losing from its start is replaced after
+  GOVERNOR_WINDOW steps, one that starts losing later within 9/8 GOVERNOR_WINDOW steps of the change; a spell that drafted nothing at all (the policy is then k = 0
   with the draft's catch-up pass, no noise in its tokens) is judged from GOVERNOR_WINDOW / 4 steps on;
 - on a fixed length it moves to another only when that one's estimate beats it (as estimated, or as measured over
-  its last GOVERNOR_WINDOW steps if lower; k = 0 over a full window only) by the margin (k = 0 by nothing), judged from
-  GOVERNOR_WINDOW / 4 steps on
+  its last GOVERNOR_WINDOW steps if lower; k = 0 over a full window only) by the margin (k = 0 by nothing),
+  judged from GOVERNOR_WINDOW / 4 steps on
   (so a shift in acceptance that moves the best length twice moves it within two quarters, not two windows);
   k = 0 verifies no window, so its estimates of the others move only with the costs' noise: it is left for a drafting
   length only where the batch band moved since it began (kept there, it begins again at that band), else at the

@@ -212,7 +212,7 @@ class _DiscoDraft:
         windows = step.windows()
         if self.loop is not None:  # the target step that ran before this one, the windows it verified
             self.loop.step(t0, int(cad.query_start_loc_cpu[n]), step.verified, step.accepted_now, judged)
-            self.loop.ended(time.perf_counter(), n if passed else 0)
+            self.loop.ended(time.perf_counter(), n if passed else 0, step.decide_s)
         return windows
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any):
