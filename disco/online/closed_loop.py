@@ -157,9 +157,9 @@ class ClosedLoop:
             # bench/results/closed-loop.md, "2026-12-04, sixth sweep")
             decode = int(sum(drafted)) + len(drafted)
             self._decode = tokens <= decode
-            spell = decision.spell and tokens <= decode and decision.spells == self.governor.spells
+            spell = decision.spell and self._decode and decision.spells == self.governor.spells
             self.governor.observe(drafted, accepted, now - self._started, spell=spell, target=target, verified=tokens)
-            if tokens <= decode:  # (a new request's first step drafted nothing for it: not the band's choice)
+            if self._decode:  # (a new request's first step drafted nothing for it: not the band's choice)
                 self._watch_band(drafted)
             if self._log is not None:
                 self._write(now - self._started, target, tokens, drafted, accepted, decision)
@@ -193,7 +193,7 @@ class ClosedLoop:
         """This step's drafting is over. passed: the batch size of the draft pass it ran (0: none, or disco's
         loop, which times its first position as a position where the draft's cache is current); deciding: the
         seconds its decisions took (the policy's features and model at every position: no fixed length's)."""
-        if passed and self._decode and self._started is not None and 0 < passed <= self.max_batch:
+        if self._decode and self._started is not None and 0 < passed <= self.max_batch:
             self.costs.observe_first(passed, now - self._started - self._positions - deciding)
         self._ended, self._positions, self._decode = now, 0.0, False
 
