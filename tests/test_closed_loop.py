@@ -794,10 +794,36 @@ def test_k0_is_left_only_at_the_holds_end_or_on_a_band_change():
     assert _drive(gov, slower, 8, 1, policy, _geometric(0.9), rng) == [None]  # the hold's end: a trial
 
     gov = Governor(K, MAX_BATCH)
-    _drive(gov, costs, 8, 200, policy, _geometric(0.9), rng)
+    _drive(gov, costs, 8, 180, policy, _geometric(0.9), rng)
     assert gov.mode == 0 and gov.until - gov.steps > GOVERNOR_WINDOW
     alone = _drive(gov, costs, 1, GOVERNOR_WINDOW, policy, _geometric(0.9), rng)
     assert any(c not in (0, None) for c in alone)
+
+
+def test_a_levels_tail_is_no_band_and_a_losing_trial_ends_within_a_quarter_window():
+    """At 2 requests (acceptance 0.9, a step costing the same up to 6 tokens) the policy's 5-token windows measure
+    1.46x target-only and lose to k = 2. Acceptance then falls to 0 at 4 requests: k = 2 measures below the policy's
+    record and hands back (a trial), which loses within GOVERNOR_WINDOW / 4 steps (before: a whole window) to k = 0.
+    Then the level's tail (3 requests, 2, 1) and 8 new requests: k = 0 holds throughout. Before, the tail's window
+    read as band 2 and the policy's record there gave it a trial that ran its window into the 8 requests (the
+    twelfth sweep's 8-request level)."""
+    costs = _costs([0.1 if t <= 6 else 0.1 + 0.02 * (t - 6) for t in range(1, MAX_BATCH * (K + 1) + 1)], 0.02)
+    gov, rng, policy = (
+        Governor(K, MAX_BATCH, say=lambda line: None),
+        np.random.default_rng(3),
+        lambda r, b: np.full(b, K),
+    )
+    assert _drive(gov, costs, 2, GOVERNOR_WINDOW + 8, policy, _geometric(0.9), rng)[GOVERNOR_WINDOW:] == [2] * 8
+    assert gov.policy_ran[2].speedup(costs) > 1.4
+    four = _drive(gov, costs, 4, GOVERNOR_WINDOW + 8, policy, _geometric(0.0), rng)
+    assert four.count(None) == GOVERNOR_WINDOW // 4 and four[-1] == 0
+    assert gov.mode == 0 and gov.spell.first_band == 4 and gov.until - gov.steps > 60
+    tail = [
+        c
+        for batch, n in ((3, 10), (2, 3), (1, 3), (8, 30))
+        for c in _drive(gov, costs, batch, n, policy, _geometric(0.0), rng)
+    ]
+    assert set(tail) == {0}
 
 
 def test_a_band_whose_lengths_all_measure_below_their_estimates_is_not_chased():
@@ -844,29 +870,33 @@ def test_a_slowdown_every_mode_shares_does_not_turn_drafting_off():
         assert gov.mode == running, (slow, gov.mode)
 
 
-def test_an_off_step_at_another_band_keeps_new_requests_whole_until_k0_is_judged_there():
+def test_k0_holds_unjudged_at_its_band_and_above_and_is_judged_again_below():
     """Acceptance 0 at 4 requests: the governor is off (the pass skipped, the 4 requests stale). Four new requests
-    join (8, another band): while k = 0 holds from 4 requests, its steps keep the pass (`off+pass`, not off), so the
-    new ones stay whole for a drafting length the governor may move to at 8 (before, they missed it at their prefill
-    and could never draft: the ninth sweep's chat level at 8 requests); a batch of stale requests alone still skips
-    it. Judged again at 8 requests (within a window) k = 0 stays, begun again at that band: the pass is skipped."""
-    loop, clock, last = _loop(), [0.0], (0, 0)
-    for _ in range(300):
-        k = _step(loop, clock, 4, last, stale=0)
-        if loop.decision.label == "off":
-            break
-        last = (2 if k is None else k, 0)
-    for _ in range(3):
-        assert _step(loop, clock, 4, (0, 0), stale=4) == 0 and loop.off
-    assert loop.governor.mode == 0 and loop.governor.until - loop.governor.steps > GOVERNOR_WINDOW
-    assert _step(loop, clock, 8, (0, 0), stale=8) == 0 and loop.off  # (every request stale: the pass keeps no one)
-    passes = 0
-    for _ in range(GOVERNOR_WINDOW):
-        assert _step(loop, clock, 8, (0, 0), stale=4) == 0
-        if loop.off:
-            break
-        assert loop.decision.label == "off+pass" and loop.decision.spell
-        passes += 1
-    assert passes >= 1 and loop.off and loop.decision.label == "off"
-    assert loop.governor.mode == 0
-    assert _step(loop, clock, 8, (0, 0), stale=4) == 0 and loop.off and loop.governor.spell.first_band == 8
+    join (8, a band above): k = 0 holds there unjudged until the policy's trial (more requests pay less for drafting),
+    so its steps skip the pass (`off`: before, `off+pass`, 0.37 s a step against off's 0.28 at 8 chat requests) and
+    the band gets no probes (before, they ran inside the trial). The other way, k = 0 from 8 requests and then 4 (a
+    band below, two of them new): its steps keep the pass (`off+pass`) while a request is whole, so the new ones stay
+    whole for a drafting length the governor may move to there (before the pass was kept, the ninth sweep's chat
+    requests missed it at their prefill and could never draft); judged again at 4 requests within a window, k = 0
+    stays, begun again at that band, and the pass is skipped."""
+    for first, then in ((4, 8), (8, 4)):
+        loop, clock, last = _loop(), [0.0], (0, 0)
+        for _ in range(300):
+            k = _step(loop, clock, first, last, stale=0)
+            if loop.decision.label == "off":
+                break
+            last = (2 if k is None else k, 0)
+        for _ in range(3):
+            assert _step(loop, clock, first, (0, 0), stale=first) == 0 and loop.off
+        gov = loop.governor
+        assert gov.mode == 0 and gov.spell.first_band == first and gov.until - gov.steps > GOVERNOR_WINDOW
+        labels = []
+        for _ in range(GOVERNOR_WINDOW if then < first else gov.until - gov.steps):
+            assert _step(loop, clock, then, (0, 0), stale=then // 2) == 0
+            labels.append(loop.decision.label)
+        if then > first:  # held to the hold's end, the pass skipped: then the policy's trial (its stale rejoin)
+            assert set(labels[:-1]) == {"off"} and gov.mode is None and labels[-1] == "stale"
+            assert loop._probes[then] == [] and then not in loop._watch
+        else:
+            assert labels[0] == "off+pass" and labels[-1] == "off" and "off+pass" not in labels[-GOVERNOR_WINDOW // 4 :]
+            assert gov.mode == 0 and gov.spell.first_band == then

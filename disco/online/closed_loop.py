@@ -22,8 +22,9 @@ step at 8 requests on this CPU); the requests in the batch then have holes in th
 again (`stale`), so before the policy is tried again the loop runs k = 0 until every request in the batch is one
 the draft has seen whole (a request's lifetime at most, once per hold of up to GOVERNOR_MAX_HOLD steps): with the
 catch-up pass while a request the draft has seen whole is in the batch (it keeps that one whole), without it (`off`
-still) while every request is stale (the pass would keep no one whole). An off step at a batch band other than the
-one k = 0 began at keeps the pass while a request is whole (new ones: the governor judges k = 0 again there).
+still) while every request is stale (the pass would keep no one whole). An off step at a batch band below the one
+k = 0 began at keeps the pass while a request is whole (new ones: the governor judges k = 0 again there); at that
+band or above, k = 0 holds unjudged until the policy's trial (Governor.holds_off): no pass, no probes.
 The online calibration of the classifier's probabilities (online_calibration.OnlineCalibration) is held here and
 applied where the probabilities are made (batch_policy.BatchClassifier), on the device.
 
@@ -116,7 +117,8 @@ class ClosedLoop:
 
     def _watch_band(self, drafted: Sequence[int]) -> None:
         """A later band's first steps' drafts; if they drafted less than a token a request, the band's probes: the
-        short lengths whose steps at this batch size (its tokens) the table has not timed three times yet."""
+        short lengths whose steps at this batch size (its tokens) the table has not timed three times yet (none while k
+        = 0 holds there: Governor.holds_off)."""
         batch = len(drafted)
         watch = self._watch.get(batch_band(batch))
         if watch is None:
@@ -124,7 +126,10 @@ class ClosedLoop:
         watch[0], watch[1], watch[2] = watch[0] + 1, watch[1] + batch, watch[2] + int(sum(drafted))
         if watch[0] >= CLOSED_LOOP_BAND_WATCH:
             del self._watch[batch_band(batch)]
-            if watch[2] < watch[1]:
+            # (none where k = 0 holds: no drafting length is tried at this band before the policy's trial, and the
+            # band's probes ran inside it, 16 % of the 8-request level's time at 0.7x the off steps' rate:
+            # bench/results/closed-loop.md, "2026-12-07, twelfth sweep")
+            if watch[2] < watch[1] and not self.governor.holds_off(batch_band(batch)):
                 timed = self.costs.steps.count
                 short = [k for k in self._widths if k <= 4 and timed[min(batch * (k + 1), len(timed)) - 1] < 3]
                 self._probes[batch_band(batch)] = [short[i % len(short)] for i in range(3 * len(short))]
@@ -219,13 +224,12 @@ class ClosedLoop:
         k = self.governor.choose(self.costs.cost_model() if self.costs.warm else None)
         spells = self.governor.spells
         if k == 0 and self.skip_idle:
-            # at a batch band other than the one k = 0 began at, the pass runs while a request the draft has seen
-            # whole is in the batch (new ones, prefilled now): the governor judges k = 0 again at the new band
-            # (Governor._fixed), and a drafting length it moves to finds them whole. Skipped, the ninth sweep's
-            # eight chat requests all missed it at their prefill (k = 0 held from 4 requests) and ran their lives
-            # at k = 0, 94 % of the 8-request level (bench/results/closed-loop.md, "2026-12-05, ninth sweep")
-            first = self.governor.spell.first_band
-            if stale < batch and first and batch_band(batch) != first:
+            # at a batch band below the one k = 0 began at, the pass runs while a request the draft has seen whole
+            # is in the batch (new ones, prefilled now): the governor judges k = 0 again at the new band
+            # (Governor._fixed), and a drafting length it moves to finds them whole. At a band above, k = 0 holds
+            # unjudged (Governor.holds_off) and the pass is skipped: there it ran 0.37 s a step at 8 chat requests
+            # against off's 0.28 (bench/results/closed-loop.md, "2026-12-07, twelfth sweep")
+            if stale < batch and not self.governor.holds_off(batch_band(batch)):
                 self.decision = Decision(True, "off+pass", spells)
                 return 0
             self.off, self.decision = True, Decision(True, "off", spells)

@@ -16,24 +16,27 @@ slowdown every mode shares, which the table's running medians follow only later,
 
 choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
 - a spell counts the steps decided in it (a step decided under the last mode is no one's: closed_loop.Decision);
-  a spell of the policy is judged once it has GOVERNOR_WINDOW steps, then every GOVERNOR_WINDOW / 8 steps, on
-  the last GOVERNOR_WINDOW: when the best fixed length beats the policy by GOVERNOR_MARGIN (k = 0 by nothing:
+  a spell of the policy is judged once it has GOVERNOR_WINDOW steps, then every GOVERNOR_WINDOW / 8 steps, on the
+  last GOVERNOR_WINDOW: when the best fixed length beats the policy by GOVERNOR_MARGIN (k = 0 by nothing:
   Governor._beating), the governor takes over with it. So a policy losing from its start is replaced after
-  GOVERNOR_WINDOW steps, one that starts losing later within 9/8 GOVERNOR_WINDOW steps of the change; a spell that drafted nothing at all (the policy is then k = 0
-  with the draft's catch-up pass, no noise in its tokens) is judged from GOVERNOR_WINDOW / 4 steps on;
+  GOVERNOR_WINDOW steps, one that starts losing later within 9/8 GOVERNOR_WINDOW steps of the change; a spell that
+  drafted nothing at all (the policy is then k = 0 with the draft's catch-up pass, no noise in its tokens), and a
+  trial, are judged from GOVERNOR_WINDOW / 4 steps on;
 - on a fixed length it moves to another only when that one's estimate beats it (as estimated, or as measured over
   its last GOVERNOR_WINDOW steps if lower; k = 0 over a full window only) by the margin (k = 0 by nothing),
   judged from GOVERNOR_WINDOW / 4 steps on
   (so a shift in acceptance that moves the best length twice moves it within two quarters, not two windows);
   k = 0 verifies no window, so its estimates of the others move only with the costs' noise: it is left for a drafting
-  length only where the batch band moved since it began (kept there, it begins again at that band), else at the
-  hold's end, through the policy's trial;
+  length only where the batch band fell below the one it began at and stayed there (kept there, it begins again at
+  that band), else at the hold's end, through the policy's trial; a band above holds it unjudged (Governor.holds_off:
+  a batch of more requests pays less for drafting, so where k = 0 won, drafting loses at more requests too);
   after a hold
-  (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
-  GOVERNOR_WINDOW steps judged by the same rule, and sooner where the fixed length, judged so, falls below what
-  the policy measured before it lost (at the same batch band): it lost to an optimistic estimate. A policy that wins again is back within GOVERNOR_MAX_HOLD +
-  GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW / (GOVERNOR_WINDOW +
-  GOVERNOR_MAX_HOLD) of the steps (3 % at the defaults) in trials once the hold has grown;
+  (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial judged by
+  the same rule, and sooner where the fixed length, judged so, falls below what the policy measured before it lost
+  (at the same batch band): it lost to an optimistic estimate. A policy that wins again is back within
+  GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW / 4 /
+  (GOVERNOR_WINDOW / 4 + GOVERNOR_MAX_HOLD) of the steps (under 1 % at the defaults) in trials once the hold has
+  grown;
 - the estimate of a fixed length is optimistic while the policy runs (alpha comes from the tokens the policy chose to
   draft, the likelier ones), so where this process ran that length at the same batch band in the last
   GOVERNOR_MAX_HOLD steps the governor believes the lower of its estimate and its measured speedup, in judging the
@@ -105,6 +108,11 @@ class Spell:
         """(max_batch + 1,) how many of the window's steps ran each batch size."""
         n = min(self.steps, self.window)
         return np.bincount(self.batch[:n], minlength=self.max_batch + 1)
+
+    def settled(self, n: int) -> bool:
+        """Its last n steps (or all, if fewer) all ran at its band."""
+        last = (self.steps - 1 - np.arange(min(n, self.steps, self.window))) % self.window
+        return all(batch_band(int(b)) == self.band() for b in self.batch[last])
 
     def band(self) -> int:
         """The batch band (the largest power of two <= the batch) of its median step."""
@@ -298,7 +306,10 @@ class Governor:
         # so it is judged from a quarter window on (at 8 requests on a Zen 4 such a spell ran 0.7x target-only,
         # which the governor's k = 0, the pass skipped, is by definition: bench/results/closed-loop.md,
         # "2026-12-04, fifth sweep")
-        if not self._judging(self.window // 4 if self.spell.drafted == 0 else None):
+        # a trial, too: the policy lost its last spell, and a trial that loses again costs a quarter window, not a
+        # window (at 8 chat requests on a Zen 4 a trial drafting a token now and then ran its 32 steps at 0.7x the
+        # off steps' rate, 26 % of the band's time: bench/results/closed-loop.md, "2026-12-07, twelfth sweep")
+        if not self._judging(self.window // 4 if self.spell.drafted == 0 or self.trial else None):
             return None
         ref = self._references(costs)
         if ref is None:
@@ -334,6 +345,16 @@ class Governor:
             # bench/results/closed-loop.md, "2026-12-03, fourth sweep")
             est = self._references(costs, running=True)
             if est is not None:
+                # k = 0 verifies no window, so while it runs the drafting lengths' estimates move with the costs'
+                # noise alone: it is left for one only at the hold's end (the policy's trial) or where the batch band
+                # fell below the one it began at (at 4 requests a 5 % rise in c_step(4) over a few steps took k = 0,
+                # off, to k = 2, whose first 47 steps then waited at 13.4 tok/s for the requests that had missed the
+                # draft's pass: bench/results/closed-loop.md, "2026-12-04, sixth sweep"), and its last quarter window
+                # ran at that band: the tail of a level (4, 3, 2, 1 requests) before 8 arrive is no band (it took k =
+                # 0 from 4 requests to a trial at 8 on the policy's old record at 2: "2026-12-07, twelfth sweep")
+                settled = self.spell.settled(self.window // 4)
+                if self.mode == 0 and (self.holds_off(self.spell.band()) or not settled):
+                    return self.mode
                 # the policy as it measured before it lost (at this band, within max_hold steps): it lost to an
                 # estimate, which is optimistic (the module docstring), so a length that measures below it hands
                 # back at once (a trial) rather than after its hold (at one request k = 5, estimated 1.83x
@@ -345,13 +366,6 @@ class Governor:
                         self._enter(None)
                         self.trial = True
                         return None
-                # k = 0 verifies no window, so while it runs the drafting lengths' estimates move with the costs'
-                # noise alone: it is left for one only at the hold's end (the policy's trial) or where the batch band
-                # moved since it began (at 4 requests a 5 % rise in c_step(4) over a few steps took k = 0, off, to
-                # k = 2, whose first 47 steps then waited at 13.4 tok/s for the requests that had missed the draft's
-                # pass: bench/results/closed-loop.md, "2026-12-04, sixth sweep")
-                if self.mode == 0 and self.spell.band() == self.spell.first_band:
-                    return self.mode
                 if self.mode == 0:
                     best = int(np.nanargmax(est))
                     move = best if est[best] > est[0] * (1.0 + self.margin) else None
@@ -362,6 +376,16 @@ class Governor:
                 elif self.mode == 0:  # k = 0 again at the band it moved to: from here on that band's k = 0
                     self._enter(0)
         return self.mode
+
+    def holds_off(self, band: int) -> bool:
+        """k = 0 runs and holds at this batch band: the band k = 0 began at or one above, where no drafting length
+        is tried before the policy's trial (no estimate judged, no probe, no draft pass for new requests). More
+        requests a step make verification dearer per token while acceptance stays, so where k = 0 won, drafting
+        loses at more requests too: the engines that switch speculation off do so above a batch size (TensorRT-LLM's
+        draft_len_schedule, vLLM's speculative_disable_by_batch_size: ../shared/serving-anchors.md). At 8 chat
+        requests on a Zen 4, the band's probes and a trial there ran 42 % of its time at 0.7x the off steps' rate
+        (bench/results/closed-loop.md, "2026-12-07, twelfth sweep")."""
+        return self.mode == 0 and band >= self.spell.first_band
 
     def _beating(self, ref: np.ndarray, current: float) -> int | None:
         """The fixed length that replaces a drafting mode (the policy, a fixed k >= 1) whose speedup is `current`:
