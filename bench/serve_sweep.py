@@ -168,7 +168,10 @@ def server_command(a: argparse.Namespace, config: dict, port: int) -> list[str]:
 
 def start_server(a: argparse.Namespace, config: dict, port: int, log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib), **a.env, **config["env"]}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)  # disco importable
+    # disco importable: this checkout, after a configuration's own PYTHONPATH (with PYTHONSAFEPATH=1 in its env,
+    # another checkout's disco: two versions A/B in one interleaved run, bench/vllm/closed-loop/sweep13.sh)
+    paths = (config["env"].get("PYTHONPATH", ""), str(ROOT), os.environ.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     # a disco closed loop's steps beside the server's log (read by the loop only when its settings turn it on)
     env.setdefault(
         "DISCO_CLOSED_LOOP_LOG", str(log_path.with_name(log_path.name.replace(".server.log", ".loop.jsonl")))
