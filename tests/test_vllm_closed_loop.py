@@ -187,4 +187,5 @@ def test_memory_is_flat_over_a_long_stream(pair, ids, spec):
         sizes.append(
             (len(proposer.requests), len(proposer._tables.slots), len(proposer._stale), *(a.shape for a in arrays))
         )
-    assert sizes[0] == sizes[1] and sizes[1][0] <= 1 and sizes[1][1] <= 1, sizes
+    # (the last request's state is freed at the next step: at most one each)
+    assert sizes[0][3:] == sizes[1][3:] and all(x <= 1 for x in sizes[1][:3]), sizes

@@ -20,8 +20,8 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   last GOVERNOR_WINDOW: when the best fixed length beats the policy by GOVERNOR_MARGIN (k = 0 by nothing:
   Governor._beating), the governor takes over with it. So a policy losing from its start is replaced after
   GOVERNOR_WINDOW steps, one that starts losing later within 9/8 GOVERNOR_WINDOW steps of the change; a spell that
-  drafted nothing at all (the policy is then k = 0 with the draft's catch-up pass, no noise in its tokens), and a
-  trial, are judged from GOVERNOR_WINDOW / 4 steps on;
+  drafted nothing at all (the policy is then k = 0 with the draft's catch-up pass, no noise in its tokens) is
+  judged from GOVERNOR_WINDOW / 4 steps on;
 - on a fixed length it moves to another only when that one's estimate beats it (as estimated, or as measured over
   its last GOVERNOR_WINDOW steps if lower; k = 0 over a full window only) by the margin (k = 0 by nothing),
   judged from GOVERNOR_WINDOW / 4 steps on
@@ -31,12 +31,11 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   that band), else at the hold's end, through the policy's trial; a band above holds it unjudged (Governor.holds_off:
   a batch of more requests pays less for drafting, so where k = 0 won, drafting loses at more requests too);
   after a hold
-  (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial judged by
-  the same rule, and sooner where the fixed length, judged so, falls below what the policy measured before it lost
+  (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
+  GOVERNOR_WINDOW steps judged by the same rule, and sooner where the fixed length, judged so, falls below what the policy measured before it lost
   (at the same batch band): it lost to an optimistic estimate. A policy that wins again is back within
-  GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW / 4 /
-  (GOVERNOR_WINDOW / 4 + GOVERNOR_MAX_HOLD) of the steps (under 1 % at the defaults) in trials once the hold has
-  grown;
+  GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW /
+  (GOVERNOR_WINDOW + GOVERNOR_MAX_HOLD) of the steps (3 % at the defaults) in trials once the hold has grown;
 - the estimate of a fixed length is optimistic while the policy runs (alpha comes from the tokens the policy chose to
   draft, the likelier ones), so where this process ran that length at the same batch band in the last
   GOVERNOR_MAX_HOLD steps the governor believes the lower of its estimate and its measured speedup, in judging the
@@ -306,10 +305,7 @@ class Governor:
         # so it is judged from a quarter window on (at 8 requests on a Zen 4 such a spell ran 0.7x target-only,
         # which the governor's k = 0, the pass skipped, is by definition: bench/results/closed-loop.md,
         # "2026-12-04, fifth sweep")
-        # a trial, too: the policy lost its last spell, and a trial that loses again costs a quarter window, not a
-        # window (at 8 chat requests on a Zen 4 a trial drafting a token now and then ran its 32 steps at 0.7x the
-        # off steps' rate, 26 % of the band's time: bench/results/closed-loop.md, "2026-12-07, twelfth sweep")
-        if not self._judging(self.window // 4 if self.spell.drafted == 0 or self.trial else None):
+        if not self._judging(self.window // 4 if self.spell.drafted == 0 else None):
             return None
         ref = self._references(costs)
         if ref is None:
