@@ -32,8 +32,8 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   a batch of more requests pays less for drafting, so where k = 0 won, drafting loses at more requests too);
   after a hold
   (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
-  GOVERNOR_WINDOW steps judged by the same rule, and sooner where the fixed length, judged so, falls below what the policy measured before it lost
-  (at the same batch band): it lost to an optimistic estimate. A policy that wins again is back within
+  GOVERNOR_WINDOW steps judged by the same rule, and sooner where the fixed length, judged so, falls below what
+  the policy measured before it lost (at the same batch band): it lost to an optimistic estimate. A policy that wins again is back within
   GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW /
   (GOVERNOR_WINDOW + GOVERNOR_MAX_HOLD) of the steps (3 % at the defaults) in trials once the hold has grown;
 - the estimate of a fixed length is optimistic while the policy runs (alpha comes from the tokens the policy chose to
@@ -374,7 +374,7 @@ class Governor:
         return self.mode
 
     def holds_off(self, band: int) -> bool:
-        """k = 0 runs and holds at this batch band: the band k = 0 began at or one above, where no drafting length
+        """k = 0 runs and holds at this batch band: the band k = 0 began at or any above, where no drafting length
         is tried before the policy's trial (no estimate judged, no probe, no draft pass for new requests). More
         requests a step make verification dearer per token while acceptance stays, so where k = 0 won, drafting
         loses at more requests too: the engines that switch speculation off do so above a batch size (TensorRT-LLM's
