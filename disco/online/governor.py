@@ -33,9 +33,10 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   after a hold
   (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
   GOVERNOR_WINDOW steps judged by the same rule, and sooner where the fixed length, judged so, falls below what
-  the policy measured before it lost (at the same batch band): it lost to an optimistic estimate. A policy that wins again is back within
-  GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW steps; one that keeps losing spends at most GOVERNOR_WINDOW /
-  (GOVERNOR_WINDOW + GOVERNOR_MAX_HOLD) of the steps (3 % at the defaults) in trials once the hold has grown;
+  the policy measured before it lost (at the same batch band): it lost to an optimistic estimate. A policy that
+  wins again is back within GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW steps; one that keeps losing spends at most
+  GOVERNOR_WINDOW / (GOVERNOR_WINDOW + GOVERNOR_MAX_HOLD) of the steps (3 % at the defaults) in trials once the hold
+  has grown;
 - the estimate of a fixed length is optimistic while the policy runs (alpha comes from the tokens the policy chose to
   draft, the likelier ones), so where this process ran that length at the same batch band in the last
   GOVERNOR_MAX_HOLD steps the governor believes the lower of its estimate and its measured speedup, in judging the
@@ -111,7 +112,8 @@ class Spell:
     def settled(self, n: int) -> bool:
         """Its last n steps (or all, if fewer) all ran at its band."""
         last = (self.steps - 1 - np.arange(min(n, self.steps, self.window))) % self.window
-        return all(batch_band(int(b)) == self.band() for b in self.batch[last])
+        band = self.band()
+        return all(batch_band(int(b)) == band for b in self.batch[last])
 
     def band(self) -> int:
         """The batch band (the largest power of two <= the batch) of its median step."""
@@ -348,8 +350,7 @@ class Governor:
                 # draft's pass: bench/results/closed-loop.md, "2026-12-04, sixth sweep"), and its last quarter window
                 # ran at that band: the tail of a level (4, 3, 2, 1 requests) before 8 arrive is no band (it took k =
                 # 0 from 4 requests to a trial at 8 on the policy's old record at 2: "2026-12-07, twelfth sweep")
-                settled = self.spell.settled(self.window // 4)
-                if self.mode == 0 and (self.holds_off(self.spell.band()) or not settled):
+                if self.mode == 0 and (self.holds_off(self.spell.band()) or not self.spell.settled(self.window // 4)):
                     return self.mode
                 # the policy as it measured before it lost (at this band, within max_hold steps): it lost to an
                 # estimate, which is optimistic (the module docstring), so a length that measures below it hands
