@@ -42,7 +42,7 @@ How a bucket's cost is estimated (one rule for target steps by tokens and draft 
   weighted isotonic regression (pool adjacent violators; observed buckets weigh their observation count,
   unobserved ones almost nothing); except a bucket timed a full window (ONLINE_COST_WINDOW) that the fit would move
   by more than ONLINE_COST_BUMP: a shape this process measured (a CPU kernel slower over 2 tokens than over 4),
-  kept as measured.
+  kept as measured, and the others fitted without it (its weight would lift its neighbours).
 
 Memory is fixed (a (buckets, window) ring per kind); observe_* is O(1); the cost model is rebuilt after 1, 2, 4,
 8, ... observations, then every ONLINE_COST_REBUILD (numpy over the buckets: ~1 ms on a 2-core CPU for 8 requests
@@ -219,7 +219,14 @@ class CostTable:
         # ran (bench/results/closed-loop.md, "2026-12-06, tenth sweep")
         full = self.count >= self.window
         bump = full & (np.abs(np.log(est / fitted)) > np.log1p(ONLINE_COST_BUMP))
-        fitted[bump] = est[bump]
+        if bump.any():
+            # and the others are fitted without it: pooled with a kept bump, its neighbours took its weight (25
+            # steps over 2 tokens at 0.275 s lifted 3-7 tokens, timed at 0.195-0.243 s, to 0.247 s; target-only at
+            # 4 requests was priced 12 % slower than it ran and the policy, at 0.86x the off steps' rate, was
+            # judged 1.04-1.17x target-only: bench/results/closed-loop.md, "2026-12-07, thirteenth sweep")
+            keep = ~bump
+            fitted[keep] = _isotonic(est[keep], weights[keep])
+            fitted[bump] = est[bump]
         return fitted
 
 
