@@ -51,6 +51,7 @@ def synthetic_clock(monkeypatch, truth: CostModel = SEED) -> None:
     prefill's hundreds of tokens, which the running table leaves out anyway), a step's wall time (the governor's) its
     verification and its longest window's positions, its target step (the governor's pace) its verification."""
     step, position, observe = OnlineCosts.observe_step, OnlineCosts.observe_draft, Governor.observe
+    plain = OnlineCosts.observe_plain
 
     def at(costs: tuple[float, ...], n: int) -> float:
         return costs[min(n, len(costs)) - 1]
@@ -61,6 +62,7 @@ def synthetic_clock(monkeypatch, truth: CostModel = SEED) -> None:
 
     monkeypatch.setattr(OnlineCosts, "observe_step", lambda self, t, s: step(self, t, at(truth.c_step, t)))
     monkeypatch.setattr(OnlineCosts, "observe_draft", lambda self, b, s: position(self, b, at(truth.c_draft, b)))
+    monkeypatch.setattr(OnlineCosts, "observe_plain", lambda self, b, s: plain(self, b, at(truth.c_step, b)))
 
     def observed(self, d, a, s, spell=True, target=None, verified=0) -> None:
         # the step's target step as the synthetic clock times it too (the governor's pace: governor.Spell.pace)

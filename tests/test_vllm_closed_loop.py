@@ -104,7 +104,7 @@ def test_the_governor_falls_back_where_drafting_loses(losing, ids, reference, tm
 def test_the_log_pairs_each_step_with_the_decision_that_drafted_it(pair, ids, spec, tmp_path, monkeypatch):
     """vLLM's draft reads a step's outcomes only after the next step's decision (draft.py): each outcome is judged,
     and logged (DISCO_CLOSED_LOOP_LOG), under the decision that drafted it, so the first band's probe lines show
-    exactly their probe's length verified, in the probes' order."""
+    exactly their probe's length verified, in the probes' order (k = 0 first: target-only's step timed)."""
     path = tmp_path / "loop.jsonl"
     monkeypatch.setenv("DISCO_CLOSED_LOOP_LOG", str(path))
     proposer = pair.target_engine.proposer(spec)
@@ -112,7 +112,7 @@ def test_the_log_pairs_each_step_with_the_decision_that_drafted_it(pair, ids, sp
     vllm_generate(pair, spec, [ids[0]], 40)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     widths = [k for k in CLOSED_LOOP_PROBES if k <= K_MAX]
-    probes = [f"probe {widths[i % len(widths)]}" for i in range(3 * len(widths))]
+    probes = ["probe 0"] * 3 + [f"probe {widths[i % len(widths)]}" for i in range(3 * len(widths))]
     assert [x["decided"] for x in lines[: len(probes)]] == probes
     assert [x["drafted"] for x in lines[: len(probes)]] == [[int(p.split()[1])] for p in probes]
     assert all(x["batch"] == 1 and x["tokens"] == x["drafted"][0] + 1 for x in lines[: len(probes)])

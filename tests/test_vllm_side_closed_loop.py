@@ -36,8 +36,8 @@ from disco.vllm.side import DiscoProposer, _load_shared_from_env
 
 SIDE = SpecConfig("custom_class", K_MAX, PROPOSER)
 BUDGETS = [8 + 8 * n for n in range(len(PROMPTS))]  # requests finish at different steps
-# the warm-up probes of a stream's first batch band (ClosedLoop._band_probes: each length three times)
-PROBES = 3 * len([k for k in CLOSED_LOOP_PROBES if k <= K_MAX])
+# the warm-up probes of a stream's first batch band (ClosedLoop._band_probes: k = 0 and each length three times)
+PROBES = 3 + 3 * len([k for k in CLOSED_LOOP_PROBES if k <= K_MAX])
 # a draft position costs five target steps: no window pays, however many of its tokens are accepted
 COSTLY_DRAFT = dataclasses.replace(SEED, c_draft=tuple(0.05 * b for b in range(1, TABLE_BATCH + 1)), source="costly")
 

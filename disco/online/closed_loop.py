@@ -112,13 +112,23 @@ class ClosedLoop:
             if self._probes:  # a later band: watched first (_watch_band)
                 self._probes[band], self._watch[band] = [], [0, 0, 0]
             else:
-                self._probes[band] = [self._widths[i % len(self._widths)] for i in range(3 * len(self._widths))]
+                widths = [self._widths[i % len(self._widths)] for i in range(3 * len(self._widths))]
+                self._probes[band] = self._reference(batch) + widths
         return self._probes[band]
 
+    def _reference(self, batch: int) -> list[int]:
+        """Three k = 0 probes where target-only's own step at this batch is not timed three times yet: every
+        speedup's reference (online_costs, c_step(b)), which a band where every step drafts never times (at 4 chat
+        requests on a Zen 4 the table priced it from other steps at 0.178-0.211 s against 0.157 s as run, and the
+        policy at 0.8x target-only was judged 1.09-1.18x: bench/results/closed-loop.md, "2026-12-07, fourteenth
+        sweep"). About free: with the draft's pass such a step makes `batch` tokens at ~the policy's rate."""
+        return [0, 0, 0] if self.costs.plain.count[min(batch, self.max_batch) - 1] < 3 else []
+
     def _watch_band(self, drafted: Sequence[int]) -> None:
-        """A later band's first steps' drafts; if they drafted less than a token a request, the band's probes: the
-        short lengths whose steps at this batch size (its tokens) the table has not timed three times yet (none while k
-        = 0 holds there: Governor.holds_off)."""
+        """A later band's first steps' drafts, then the band's probes (none while k = 0 holds there:
+        Governor.holds_off): k = 0 where target-only's step at this batch is untimed (_reference) and, if they drafted
+        less than a token a request, the short lengths whose steps at this batch size (its tokens) the table has not
+        timed three times yet."""
         batch = len(drafted)
         watch = self._watch.get(batch_band(batch))
         if watch is None:
@@ -129,10 +139,14 @@ class ClosedLoop:
             # (none where k = 0 holds: no drafting length is tried at this band before the policy's trial, and the
             # band's probes ran inside it, 16 % of the 8-request level's time at 0.7x the off steps' rate:
             # bench/results/closed-loop.md, "2026-12-07, twelfth sweep")
-            if watch[2] < watch[1] and not self.governor.holds_off(batch_band(batch)):
+            if self.governor.holds_off(batch_band(batch)):
+                return  # (k = 0 runs there: its off steps time the reference)
+            probes = self._reference(batch)
+            if watch[2] < watch[1]:
                 timed = self.costs.steps.count
                 short = [k for k in self._widths if k <= 4 and timed[min(batch * (k + 1), len(timed)) - 1] < 3]
-                self._probes[batch_band(batch)] = [short[i % len(short)] for i in range(3 * len(short))]
+                probes += [short[i % len(short)] for i in range(3 * len(short))]
+            self._probes[batch_band(batch)] = probes
 
     def step(
         self,
@@ -151,6 +165,8 @@ class ClosedLoop:
         target = now - self._ended if self._ended is not None else None
         if target is not None and 0 < tokens <= self.max_batch * (self.max_window + 1):
             self.costs.observe_step(tokens, target)
+            if tokens == len(drafted) and not any(drafted):  # target-only's own step at this batch
+                self.costs.observe_plain(tokens, target)
         if self._started is not None and len(drafted):
             # a step that also ran a prefill (more tokens than its decode requests' verification) teaches the
             # acceptance estimates but judges no spell: its seconds are the new request's (the fixed lengths'

@@ -7,6 +7,8 @@ setting; the serving process is the truth. It times its own steps and feeds them
     observe_draft(batch, seconds)   one batched draft position for `batch` requests
     observe_first(batch, seconds)   a decode step's first draft position for `batch` requests (vLLM's catch-up
                                     forward, with the proposer's own work: what drafting at all costs a step)
+    observe_plain(batch, seconds)   a target step of `batch` requests that verified no draft (`batch` tokens):
+                                    target-only's own step at that batch, every speedup's reference
 
 and asks `cost_model()` for a CostModel (c_step, c_draft, c_d, c_t) the cost rules read as they read a profile
 (`at_load` works on it).
@@ -44,6 +46,13 @@ How a bucket's cost is estimated (one rule for target steps by tokens and draft 
   by more than ONLINE_COST_BUMP: a shape this process measured (a CPU kernel slower over 2 tokens than over 4),
   kept as measured, and the others fitted without it (its weight would lift its neighbours).
 
+Target-only's step at b requests (c_step(b), every speedup's reference: the governor's, the cost rules' rate of a
+target-only step) is the median of its own last ONLINE_COST_WINDOW timings at that batch wherever it was timed three
+times (closed_loop times it where nothing else does: a band's k = 0 probes), not the fitted bucket of b tokens:
+that bucket pools steps of fewer requests and longer windows, and its fit leans on its neighbours and the prior's
+shape (at 4 chat requests on a Zen 4 it priced target-only's 0.157 s step at 0.178-0.211 s, and the policy at 0.8x
+target-only was judged 1.09-1.18x: bench/results/closed-loop.md, "2026-12-07, fourteenth sweep").
+
 Memory is fixed (a (buckets, window) ring per kind); observe_* is O(1); the cost model is rebuilt after 1, 2, 4,
 8, ... observations, then every ONLINE_COST_REBUILD (numpy over the buckets: ~1 ms on a 2-core CPU for 8 requests
 x 21 tokens, so ~0.1 ms a step at a step and a few draft positions timed each), and the same CostModel object is
@@ -59,6 +68,7 @@ import numpy as np
 
 from disco.base.defaults import (
     ONLINE_COST_BUMP,
+    ONLINE_COST_BUMP_SE,
     ONLINE_COST_REBUILD,
     ONLINE_COST_WARMUP,
     ONLINE_COST_WINDOW,
@@ -177,6 +187,16 @@ class CostTable:
         slope = max(0.0, float(np.sum(m * (x - xm) * (y - ym))) / var) if var > 0 else 0.0
         return np.maximum(ym + slope * (np.arange(1, len(self.prior) + 1) - xm), 0.5 * float(y.min()))
 
+    def spread(self) -> float:
+        """The noise of one timing, in log: 1.4826 x the median absolute deviation of the log timings from their
+        bucket's median, over the buckets timed three times or more (a normal's standard deviation, robust to the
+        outliers a page fault or a first use of a shape makes)."""
+        seen = np.flatnonzero(self.count >= 3)
+        n = np.minimum(self.count[seen], self.window)
+        logs = np.log(self.ring[seen])  # (NaN past each bucket's n)
+        dev = np.abs(logs - np.log(_median(self.ring[seen], n))[:, None])
+        return 1.4826 * float(np.median(dev[np.isfinite(dev)]))
+
     def estimate(self, glob: float | None, fallback_log_ratio: float | None) -> np.ndarray:
         """(n,) seconds (or the prior's units, when nothing of either kind was observed), non-decreasing but where a
         full-window bucket measured otherwise (the module docstring, "monotone"). glob: this
@@ -204,29 +224,30 @@ class CostTable:
             # largest (a prior shallower than this process, such as the default's, makes the tokens past the probed
             # widths look cheap to the cost rules; two neighbouring sizes' noise would make any slope)
             upper = seen >= (last + 1) / 3
-            if seen[upper][-1] - seen[upper][0] >= (last + 1) / 4:
+            if upper.sum() >= 2 and seen[upper][-1] - seen[upper][0] >= (last + 1) / 4:  # (1 token alone: none)
                 x, y, w = seen[upper].astype(np.float64), medians[upper], m[upper]
                 xm, ym = np.average(x, weights=w), np.average(y, weights=w)
                 slope = max(0.0, float(np.sum(w * (x - xm) * (y - ym)) / np.sum(w * (x - xm) ** 2)))
                 est[last + 1 :] = np.maximum(est[last + 1 :], est[last] + slope * np.arange(1, len(est) - last))
         weights = np.full(len(est), _UNSEEN_WEIGHT)
-        weights[seen] = np.minimum(self.count[seen], self.window)
-        fitted = _isotonic(est, weights)
-        # a bucket timed a full window keeps its own estimate where the monotone fit moves it by more than
-        # ONLINE_COST_BUMP: that is this process's shape, not noise (a median of 25 moves ~2 %, its window's drift a
-        # few). On a Zen 4's `vllm serve` worker a target step over 2 tokens took 0.251 s and over 4 tokens 0.187 s;
-        # made monotone, 1-6 tokens were pooled at 0.213 s and target-only at 4 requests priced 9-12 % slower than it
-        # ran (bench/results/closed-loop.md, "2026-12-06, tenth sweep")
-        full = self.count >= self.window
-        bump = full & (np.abs(np.log(est / fitted)) > np.log1p(ONLINE_COST_BUMP))
-        if bump.any():
-            # and the others are fitted without it: pooled with a kept bump, its neighbours took its weight (25
-            # steps over 2 tokens at 0.275 s lifted 3-7 tokens, timed at 0.195-0.243 s, to 0.247 s; target-only at
-            # 4 requests was priced 12 % slower than it ran and the policy, at 0.86x the off steps' rate, was
-            # judged 1.04-1.17x target-only: bench/results/closed-loop.md, "2026-12-07, thirteenth sweep")
-            keep = ~bump
-            fitted[keep] = _isotonic(est[keep], weights[keep])
-            fitted[bump] = est[bump]
+        weights[seen] = m
+        # a bump: a timed bucket slower than a larger timed one by more than ONLINE_COST_BUMP and by more than
+        # ONLINE_COST_BUMP_SE standard errors of the two medians' difference. That is this process's shape, not
+        # noise, and keeps its own estimate; the others are made monotone without it. On a Zen 4's `vllm serve`
+        # worker a target step over 2 tokens took 0.251 s and over 4 tokens 0.187 s; made monotone, 1-6 tokens were
+        # pooled at 0.213 s and target-only at 4 requests priced 9-12 % slower than it ran
+        # (bench/results/closed-loop.md, "2026-12-06, tenth sweep"). A bucket that kept its estimate only once timed
+        # a full window (25 timings), pooled with the rest otherwise, let the warm-up's 20 steps over 2 tokens at
+        # 0.240 s lift 3-6 tokens, timed at 0.157-0.175 s, to 0.211 s through a level at 4 requests, and the
+        # policy, at 0.8x target-only, was judged 1.09-1.18x there ("2026-12-07, fourteenth sweep")
+        se = 1.2533 * self.spread() * np.sqrt(1.0 / m[:, None] + 1.0 / m[None, :])  # (a median's SE / a mean's: 1.2533)
+        slower = np.log(est[seen][:, None] / est[seen][None, :]) > np.maximum(
+            np.log1p(ONLINE_COST_BUMP), ONLINE_COST_BUMP_SE * se
+        )
+        bump = np.zeros(len(est), dtype=bool)
+        bump[seen] = np.triu(slower, 1).any(1)  # (slower than a larger size: the pairs above the diagonal)
+        fitted = est.copy()
+        fitted[~bump] = _isotonic(est[~bump], weights[~bump])
         return fitted
 
 
@@ -256,6 +277,7 @@ class OnlineCosts:
         # drafted for a median 0.119 s that no bucket had timed
         # (bench/results/closed-loop.md, "2026-12-07, twelfth sweep")
         self.firsts = CostTable(draft_prior, window)
+        self.plain = CostTable(np.ones(max_batch), window)  # target-only's own steps by batch (only their medians read)
         self.dropped: str | None = None  # why the seed's shape was dropped (None: it holds, or there is none)
         self.fitted: set[str] = set()  # the kinds whose prior is the line through this process's own timings
         self._model: CostModel | None = None
@@ -285,6 +307,11 @@ class OnlineCosts:
     def observe_first(self, batch: int, seconds: float) -> None:
         """A decode step's first draft position for `batch` requests, with the proposer's work around it."""
         self.firsts.observe(batch, seconds)
+
+    def observe_plain(self, batch: int, seconds: float) -> None:
+        """A target step of `batch` requests that verified no draft (also observe_step's, over `batch` tokens)."""
+        if self.plain.observe(batch, seconds):
+            self._next_build = 0  # (the reference at this batch is timed now: the next cost_model() has it)
 
     @property
     def observed(self) -> int:
@@ -331,6 +358,8 @@ class OnlineCosts:
     def _build(self) -> CostModel:
         step_ratio, draft_ratio = self.steps.log_ratio(), self.drafts.log_ratio()
         c_step = self.steps.estimate(step_ratio, draft_ratio)
+        plain = np.flatnonzero(self.plain.count >= 3)  # target-only's step as timed at its batch (the docstring)
+        c_step[plain] = _median(self.plain.ring[plain], np.minimum(self.plain.count[plain], self.plain.window))
         c_draft = self.drafts.estimate(draft_ratio, step_ratio)
         first_ratio = self.firsts.log_ratio()
         c_first = self.firsts.estimate(first_ratio, draft_ratio) if first_ratio is not None else c_draft
