@@ -120,8 +120,9 @@ class ClosedLoop:
         """Three k = 0 probes where target-only's own step at this batch is not timed three times yet: every
         speedup's reference (online_costs, c_step(b)), which a band where every step drafts never times (at 4 chat
         requests on a Zen 4 the table priced it from other steps at 0.178-0.211 s against 0.157 s as run, and the
-        policy at 0.8x target-only was judged 1.09-1.18x: bench/results/closed-loop.md, "2026-12-07, fourteenth
-        sweep"). About free: with the draft's pass such a step makes `batch` tokens at ~the policy's rate."""
+        policy at 0.8x target-only was judged 1.09-1.18x:
+        bench/results/closed-loop.md, "2026-12-07, fourteenth sweep"). About free: with the draft's pass such a step
+        makes `batch` tokens at ~the policy's rate."""
         return [0, 0, 0] if self.costs.plain.count[min(batch, self.max_batch) - 1] < 3 else []
 
     def _watch_band(self, drafted: Sequence[int]) -> None:
