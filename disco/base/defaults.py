@@ -156,8 +156,8 @@ ONLINE_COST_REBUILD = (
     64  # observations between two rebuilds of the cost model (after 1, 2, 4, ..., 32 while warming up)
 )
 ONLINE_COST_WARMUP = 8  # observations of each kind (target steps, draft positions) before the table counts as measured
-ONLINE_COST_BUMP = 0.05  # a bucket the monotone fit moves more than this ...
-ONLINE_COST_BUMP_SE = 3.0  # ... and more than this many standard errors of its median keeps its own estimate
+ONLINE_COST_BUMP = 0.05  # a timed cost bucket slower than a larger one by more than this share ...
+ONLINE_COST_BUMP_SE = 3.0  # ... and by more than this many standard errors keeps its estimate (not made monotone)
 # a seed profile whose cost ratio between two timed sizes is off this process's by more than this factor, either way,
 # is another process's: its shape is dropped (online_costs.OnlineCosts); noise moves a ratio of medians ~20 %
 SEED_SHAPE_TOLERANCE = 1.5

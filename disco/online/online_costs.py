@@ -42,9 +42,10 @@ How a bucket's cost is estimated (one rule for target steps by tokens and draft 
 - monotone: a step over more tokens (a position over more rows) never costs less (stages.step_costs's reason:
   noise must not make an extra token look free to the cost rules), so the table is made non-decreasing by
   weighted isotonic regression (pool adjacent violators; observed buckets weigh their observation count,
-  unobserved ones almost nothing); except a bucket timed a full window (ONLINE_COST_WINDOW) that the fit would move
-  by more than ONLINE_COST_BUMP: a shape this process measured (a CPU kernel slower over 2 tokens than over 4),
-  kept as measured, and the others fitted without it (its weight would lift its neighbours).
+  unobserved ones almost nothing); except a bump, a timed bucket slower than a larger timed one by more than
+  ONLINE_COST_BUMP and by more than ONLINE_COST_BUMP_SE standard errors of the two medians' difference (the noise
+  measured as the buckets' median absolute deviation): a shape this process measured (a CPU kernel slower over 2
+  tokens than over 4), kept as measured, and the others fitted without it (its weight would lift its neighbours).
 
 Target-only's step at b requests (c_step(b), every speedup's reference: the governor's, the cost rules' rate of a
 target-only step) is the median of its own last ONLINE_COST_WINDOW timings at that batch wherever it was timed three
@@ -198,9 +199,9 @@ class CostTable:
         return 1.4826 * float(np.median(dev[np.isfinite(dev)]))
 
     def estimate(self, glob: float | None, fallback_log_ratio: float | None) -> np.ndarray:
-        """(n,) seconds (or the prior's units, when nothing of either kind was observed), non-decreasing but where a
-        full-window bucket measured otherwise (the module docstring, "monotone"). glob: this
-        kind's log_ratio(), fallback: the other kind's."""
+        """(n,) seconds (or the prior's units, when nothing of either kind was observed), non-decreasing but for a
+        measured bump (the module docstring, "monotone"). glob: this kind's log_ratio(), fallback: the other
+        kind's."""
         if glob is None:
             return self.prior * np.exp(fallback_log_ratio or 0.0)
         # a bucket speaks for itself from its third observation (the median of three outvotes one outlier, and a
