@@ -169,7 +169,7 @@ class CostTable:
         if len(seen) < 2 or seen[-1] + 1 < 2 * (seen[0] + 1):
             return None
         lo, hi = int(seen[0]), int(seen[-1])
-        medians = _median(self.ring[[lo, hi]], np.minimum(self.count[[lo, hi]], self.window))
+        medians = self.medians(np.array([lo, hi]))
         measured, prior = medians[1] / medians[0], self.prior[hi] / self.prior[lo]
         if abs(np.log(measured / prior)) <= np.log(SEED_SHAPE_TOLERANCE):
             return None
@@ -188,14 +188,17 @@ class CostTable:
         slope = max(0.0, float(np.sum(m * (x - xm) * (y - ym))) / var) if var > 0 else 0.0
         return np.maximum(ym + slope * (np.arange(1, len(self.prior) + 1) - xm), 0.5 * float(y.min()))
 
+    def medians(self, buckets: np.ndarray) -> np.ndarray:
+        """These buckets' medians over their last `window` observations (each bucket observed at least once)."""
+        return _median(self.ring[buckets], np.minimum(self.count[buckets], self.window))
+
     def spread(self) -> float:
         """The noise of one timing, in log: 1.4826 x the median absolute deviation of the log timings from their
         bucket's median, over the buckets timed three times or more (a normal's standard deviation, robust to the
         outliers a page fault or a first use of a shape makes)."""
         seen = np.flatnonzero(self.count >= 3)
-        n = np.minimum(self.count[seen], self.window)
         logs = np.log(self.ring[seen])  # (NaN past each bucket's n)
-        dev = np.abs(logs - np.log(_median(self.ring[seen], n))[:, None])
+        dev = np.abs(logs - np.log(self.medians(seen))[:, None])
         return 1.4826 * float(np.median(dev[np.isfinite(dev)]))
 
     def estimate(self, glob: float | None, fallback_log_ratio: float | None) -> np.ndarray:
@@ -360,7 +363,7 @@ class OnlineCosts:
         step_ratio, draft_ratio = self.steps.log_ratio(), self.drafts.log_ratio()
         c_step = self.steps.estimate(step_ratio, draft_ratio)
         plain = np.flatnonzero(self.plain.count >= 3)  # target-only's step as timed at its batch (the docstring)
-        c_step[plain] = _median(self.plain.ring[plain], np.minimum(self.plain.count[plain], self.plain.window))
+        c_step[plain] = self.plain.medians(plain)
         c_draft = self.drafts.estimate(draft_ratio, step_ratio)
         first_ratio = self.firsts.log_ratio()
         c_first = self.firsts.estimate(first_ratio, draft_ratio) if first_ratio is not None else c_draft
