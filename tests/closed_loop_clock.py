@@ -64,9 +64,9 @@ def synthetic_clock(monkeypatch, truth: CostModel = SEED) -> None:
     monkeypatch.setattr(OnlineCosts, "observe_draft", lambda self, b, s: position(self, b, at(truth.c_draft, b)))
     monkeypatch.setattr(OnlineCosts, "observe_plain", lambda self, b, s: plain(self, b, at(truth.c_step, b)))
 
-    def observed(self, d, a, s, spell=True, target=None, verified=0) -> None:
+    def observed(self, d, a, s, spell=True, target=None, verified=0, probe=0) -> None:
         # the step's target step as the synthetic clock times it too (the governor's pace: governor.Spell.pace)
         timed = None if target is None else at(truth.c_step, verified)
-        observe(self, d, a, seconds(d), spell, timed, verified)
+        observe(self, d, a, seconds(d), spell, timed, verified, probe)
 
     monkeypatch.setattr(Governor, "observe", observed)

@@ -865,7 +865,7 @@ def test_k0_is_left_only_at_the_holds_end_or_on_a_band_change():
 def test_a_levels_tail_is_no_band():
     """At 2 requests (acceptance 0.9, a step costing the same up to 6 tokens) the policy's 5-token windows measure
     1.46x target-only and lose to k = 2. Acceptance then falls to 0 at 4 requests: k = 2 measures below the policy's
-    record and hands back (a trial), which loses to k = 0.
+    record and hands back (a trial), which runs clearly below k = 0 and loses to it within a quarter window.
     Then the level's tail (3 requests, 2, 1) and 8 new requests: k = 0 holds throughout. Before, the tail's window
     read as band 2 and the policy's record there gave it a trial that ran its window into the 8 requests (the
     twelfth sweep's 8-request level)."""
@@ -878,7 +878,7 @@ def test_a_levels_tail_is_no_band():
     assert _drive(gov, costs, 2, GOVERNOR_WINDOW + 8, policy, _geometric(0.9), rng)[GOVERNOR_WINDOW:] == [2] * 8
     assert gov.policy_ran[2].speedup(costs) > 1.4
     four = _drive(gov, costs, 4, GOVERNOR_WINDOW + 24, policy, _geometric(0.0), rng)
-    assert four.count(None) == GOVERNOR_WINDOW and four[-1] == 0
+    assert four.count(None) == GOVERNOR_WINDOW // 4 and four[-1] == 0
     assert gov.mode == 0 and gov.spell.first_band == 4 and gov.until - gov.steps > 60
     tail = [
         c
@@ -886,6 +886,47 @@ def test_a_levels_tail_is_no_band():
         for c in _drive(gov, costs, batch, n, policy, _geometric(0.0), rng)
     ]
     assert set(tail) == {0}
+
+
+def test_a_policy_spell_that_moves_band_is_judged_on_its_steps_there():
+    """The policy's 6-token windows are accepted whole at one request (~4.4x target-only) for 24 steps; then 4
+    requests accept nothing (~0.2x). Once GOVERNOR_WINDOW / 4 of its steps ran at the new band, the spell is judged on
+    them alone and loses there, at its 32nd step. Judged on its whole window (24 good steps, 8 bad: ~1.4x, above every
+    fixed length's estimate), it drafted on at 4 requests (the fifteenth sweep's 4-request level)."""
+    costs = _costs([0.1 if t <= 8 else 0.1 + 0.02 * (t - 8) for t in range(1, MAX_BATCH * (K + 1) + 1)], 0.01)
+    gov, rng = Governor(K, MAX_BATCH, say=lambda line: None), np.random.default_rng(4)
+    policy = lambda r, b: np.full(b, K)
+    assert _drive(gov, costs, 1, 24, policy, _geometric(1.0), rng) == [None] * 24
+    four = _drive(gov, costs, 4, GOVERNOR_WINDOW // 4 + 1, policy, _geometric(0.0), rng)
+    assert four[: GOVERNOR_WINDOW // 4] == [None] * (GOVERNOR_WINDOW // 4) and four[GOVERNOR_WINDOW // 4] is not None
+    assert gov.policy_ran[4].steps == GOVERNOR_WINDOW // 4 and gov.policy_ran[4].sizes()[4] == GOVERNOR_WINDOW // 4
+    assert gov.policy_speedup is not None and gov.policy_speedup < 0.25
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_bands_probes_measure_its_lengths(recorded):
+    """The policy drafts exactly each request's accepted run (geometric at 0.6), so the acceptance it shows the
+    governor is high and every fixed length looks like a win (estimated 1.07-1.15x target-only), while a draft
+    position costs 70 % of a step: the policy runs ~0.74x, and every length loses (k = 1 by 6 %). The band's warm-up
+    probes (k = 1, 2, 4, three steps each) measured them at 0.64-0.98x: believed so, and the others at their
+    shortfall, the policy hands over to k = 0 directly. Without the probes' record (their outcomes still counted),
+    it goes to an estimated drafting length first (the fifteenth sweep's 4-request level: k = 2, then 1, then 0)."""
+    costs = _costs([0.1] * (MAX_BATCH * (K + 1)), 0.07)
+    gov, rng, accept = Governor(K, MAX_BATCH, say=lambda line: None), np.random.default_rng(5), _geometric(0.6)
+    for k in [1, 2, 4] * 3:
+        drafted = np.full(4, k)
+        accepted = accept(rng, drafted)
+        gov.observe(drafted, accepted, 0.1 + k * 0.07, spell=False, probe=k if recorded else 0)
+    assert sorted(gov.probed) == ([(4, 1), (4, 2), (4, 4)] if recorded else [])
+    choices = []
+    for _ in range(GOVERNOR_WINDOW + 1):
+        choices.append(gov.choose(costs))
+        run = np.array([next((j for j in range(K) if rng.random() >= 0.6), K) for _ in range(4)])
+        drafted = run if choices[-1] is None else np.full(4, choices[-1])
+        gov.observe(drafted, np.minimum(run, drafted), 0.1 + int(drafted.max()) * 0.07)
+    assert choices[:GOVERNOR_WINDOW] == [None] * GOVERNOR_WINDOW
+    assert gov.estimates is not None and max(gov.estimates[1:]) > 1.1 and gov.policy_speedup < 1.0
+    assert (choices[GOVERNOR_WINDOW] == 0) == recorded and choices[GOVERNOR_WINDOW] is not None
 
 
 def test_a_band_whose_lengths_all_measure_below_their_estimates_is_not_chased():

@@ -55,12 +55,14 @@ from disco.online.online_costs import OnlineCosts
 
 class Decision(NamedTuple):
     """What decided a step: `spell` (it ran the governor's mode: its time judges the spell), a label for the log
-    ("policy", "probe k", "fixed k", "off", "stale") and which of the governor's spells it ran in (Governor.spells:
-    a step decided under the last mode, whose outcomes are read after the governor moved, judges no spell)."""
+    ("policy", "probe k", "fixed k", "off", "stale"), which of the governor's spells it ran in (Governor.spells:
+    a step decided under the last mode, whose outcomes are read after the governor moved, judges no spell) and the
+    length a warm-up probe ran (0: no probe; a drafting probe measures its length at the band: Governor.probed)."""
 
     spell: bool
     label: str
     spells: int = 0
+    probe: int = 0
 
 
 class ClosedLoop:
@@ -180,7 +182,10 @@ class ClosedLoop:
             decode = int(sum(drafted)) + len(drafted)
             self._decode = tokens <= decode
             spell = decision.spell and self._decode and decision.spells == self.governor.spells
-            self.governor.observe(drafted, accepted, now - self._started, spell=spell, target=target, verified=tokens)
+            probe = decision.probe if self._decode else 0
+            self.governor.observe(
+                drafted, accepted, now - self._started, spell=spell, target=target, verified=tokens, probe=probe
+            )
             if self._decode:  # (a new request's first step drafted nothing for it: not the band's choice)
                 self._watch_band(drafted)
             if self._log is not None:
@@ -236,7 +241,7 @@ class ClosedLoop:
         self.off = False
         probes = self._band_probes(batch)
         if probes and not stale and self.governor.mode != 0:
-            self.decision = Decision(False, f"probe {probes[0]}")
+            self.decision = Decision(False, f"probe {probes[0]}", probe=probes[0])
             return probes.pop(0)
         k = self.governor.choose(self.costs.cost_model() if self.costs.warm else None)
         spells = self.governor.spells

@@ -21,7 +21,8 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   Governor._beating), the governor takes over with it. So a policy losing from its start is replaced after
   GOVERNOR_WINDOW steps, one that starts losing later within 9/8 GOVERNOR_WINDOW steps of the change; a spell that
   drafted nothing at all (the policy is then k = 0 with the draft's catch-up pass, no noise in its tokens) is
-  judged from GOVERNOR_WINDOW / 4 steps on;
+  judged from GOVERNOR_WINDOW / 4 steps on, and so is one whose last GOVERNOR_WINDOW / 4 steps ran at another batch
+  band than its first, on those steps alone (Governor._rebase: a new load, within a quarter window of its start);
 - on a fixed length it moves to another only when that one's estimate beats it (as estimated, or as measured over
   its last GOVERNOR_WINDOW steps if lower; k = 0 over a full window only) by the margin (k = 0 by nothing),
   judged from GOVERNOR_WINDOW / 4 steps on
@@ -32,14 +33,16 @@ choose() -> None (the policy decides) or k (run fixed k; 0: draft nothing):
   a batch of more requests pays less for drafting, so where k = 0 won, drafting loses at more requests too);
   after a hold
   (GOVERNOR_HOLD steps, doubled after each failed trial up to GOVERNOR_MAX_HOLD) the policy gets a trial of
-  GOVERNOR_WINDOW steps judged by the same rule, and sooner where the fixed length, judged so, falls below what
+  GOVERNOR_WINDOW steps judged by the same rule (before its full window, from a quarter on, it ends only where it
+  runs below k = 0 by the margin), and sooner where the fixed length, judged so, falls below what
   the policy measured before it lost (at the same batch band): it lost to an optimistic estimate. A policy that
   wins again is back within GOVERNOR_MAX_HOLD + GOVERNOR_WINDOW steps; one that keeps losing spends at most
   GOVERNOR_WINDOW / (GOVERNOR_WINDOW + GOVERNOR_MAX_HOLD) of the steps (3 % at the defaults) in trials once the hold
   has grown;
 - the estimate of a fixed length is optimistic while the policy runs (alpha comes from the tokens the policy chose to
   draft, the likelier ones), so where this process ran that length at the same batch band in the last
-  GOVERNOR_MAX_HOLD steps the governor believes the lower of its estimate and its measured speedup, in judging the
+  GOVERNOR_MAX_HOLD steps (a spell of it, else the band's warm-up probes of it: closed_loop.ClosedLoop, three steps
+  each) the governor believes the lower of its estimate and its measured speedup, in judging the
   policy and in moving between fixed lengths (which thus move on measurements, not on the noise between two
   estimates); the drafting lengths not run there are believed at their estimates times the shortfall the run ones
   measured (if any), so one optimistic table does not send the governor through every length in turn;
@@ -85,10 +88,12 @@ class Spell:
         self.batch = np.zeros(self.window, dtype=np.int64)
         self.target = np.zeros(self.window)  # the step's target step as timed here (0: not timed) ...
         self.verified = np.zeros(self.window, dtype=np.int64)  # ... over this many tokens
+        self.drafts = np.zeros(self.window, dtype=np.int64)  # the draft tokens it verified
         self.steps = 0  # steps in this spell so far
         self.started = 0  # the governor's step count when it started
         self.drafted = 0  # draft tokens its steps verified, all of them
         self.first_band = 0  # the batch band of its first step
+        self.rebased = False  # the tail of a policy spell that moved to another band (Governor._rebase)
 
     @property
     def full(self) -> bool:
@@ -99,7 +104,7 @@ class Spell:
     ) -> None:
         i = self.steps % self.window
         self.tokens[i], self.seconds[i], self.batch[i] = tokens, seconds, batch
-        self.target[i], self.verified[i] = target, verified
+        self.target[i], self.verified[i], self.drafts[i] = target, verified, drafted
         self.first_band = self.first_band or batch_band(batch)
         self.steps += 1
         self.drafted += drafted
@@ -114,6 +119,22 @@ class Spell:
         last = (self.steps - 1 - np.arange(min(n, self.steps, self.window))) % self.window
         band = self.band()
         return all(batch_band(int(b)) == band for b in self.batch[last])
+
+    def last_band(self, n: int) -> int | None:
+        """The band all its last n steps ran at (None: fewer steps, or more than one band)."""
+        if self.steps < n:
+            return None
+        bands = {batch_band(int(self.batch[(self.steps - 1 - i) % self.window])) for i in range(n)}
+        return bands.pop() if len(bands) == 1 else None
+
+    def tail(self, n: int) -> Spell:
+        """A spell of its last n steps alone (n <= window)."""
+        tail = Spell(self.window, self.max_batch)
+        for i in (self.steps - n + np.arange(n)) % self.window:
+            tail.add(self.tokens[i], self.seconds[i], int(self.batch[i]), int(self.drafts[i]), self.target[i],
+                     int(self.verified[i]))  # fmt: skip
+        tail.started = self.started + self.steps - n
+        return tail
 
     def band(self) -> int:
         """The batch band (the largest power of two <= the batch) of its median step."""
@@ -183,6 +204,7 @@ class Governor:
         # judge by (a quarter window; k = 0 a full one)
         self.ran: dict[tuple[int, int], Spell] = {}
         self.policy_ran: dict[int, Spell] = {}  # the policy's last judged spell at each batch band
+        self.probed: dict[tuple[int, int], Spell] = {}  # the warm-up probes' steps of each drafting length, by band
         self.said = False
         self.estimates: np.ndarray | None = None  # the last judgement's speedups of k = 0 .. K (for reports)
         self.policy_speedup: float | None = None
@@ -199,12 +221,14 @@ class Governor:
         spell: bool = True,
         target: float | None = None,
         verified: int = 0,
+        probe: int = 0,
     ) -> None:
         """One verified step: each request's drafted and accepted length (the step's decode requests), the step's
         wall time (its target step, its drafting, its decisions: one propose() start to the next). spell: the step
         ran the mode the governor chose (False: a warm-up probe, or a step waiting for stale requests: its outcomes
         teach the acceptance estimates, its time judges no spell). target: its target step's seconds, over
-        `verified` tokens, as the cost table is fed them (None: not timed): the machine's pace (Spell.pace)."""
+        `verified` tokens, as the cost table is fed them (None: not timed): the machine's pace (Spell.pace). probe: the
+        drafting length of a warm-up probe this decode step ran (0: none), measured as that length's at the band."""
         d, a = np.asarray(drafted, dtype=np.int64), np.asarray(accepted, dtype=np.int64)
         self.steps += 1
         if not 0 < len(d) <= self.max_batch:
@@ -213,8 +237,13 @@ class Governor:
             j = np.arange(1, self.max_window + 1)[None, :]
             self.judged = self.judged * self.decay + ((j <= d[:, None]) & (j <= a[:, None] + 1)).sum(0)
             self.accepted = self.accepted * self.decay + (j <= np.minimum(a, d)[:, None]).sum(0)
+        step = (float((a + 1).sum()), seconds, len(d), int(d.sum()), target or 0.0, verified)
         if spell:
-            self.spell.add(float((a + 1).sum()), seconds, len(d), int(d.sum()), target or 0.0, verified)
+            self.spell.add(*step)
+        if probe > 0:
+            probed = self.probed.setdefault((batch_band(len(d)), probe), Spell(self.window, self.max_batch))
+            probed.started = probed.started or self.steps
+            probed.add(*step)
 
     def alphas(self) -> np.ndarray | None:
         """(K,) per-position conditional acceptance; None before any window was judged."""
@@ -281,7 +310,7 @@ class Governor:
         band = self.spell.band()
         measured = {
             k: spell.speedup(costs)
-            for (b, k), spell in self.ran.items()
+            for (b, k), spell in {**self.probed, **self.ran}.items()  # (a spell's record over the band's probes)
             if b == band and self.steps - spell.started - spell.steps <= self.max_hold
         }
         if running and self.mode is not None and (self.mode > 0 or self.spell.full):  # (k = 0: a full window)
@@ -307,7 +336,9 @@ class Governor:
         # so it is judged from a quarter window on (at 8 requests on a Zen 4 such a spell ran 0.7x target-only,
         # which the governor's k = 0, the pass skipped, is by definition: bench/results/closed-loop.md,
         # "2026-12-04, fifth sweep")
-        if not self._judging(self.window // 4 if self.spell.drafted == 0 else None):
+        self._rebase()
+        quick = self.spell.drafted == 0 or self.spell.rebased
+        if not self._judging(self.window // 4 if quick or self.trial else None):
             return None
         ref = self._references(costs)
         if ref is None:
@@ -316,6 +347,14 @@ class Governor:
         self.policy_speedup = policy
         best = self._beating(ref, policy)
         self._maybe_say(ref, policy)
+        if self.trial and self.spell.drafted and not self.spell.full:
+            # a trial's first quarter windows end it only where it runs clearly below k = 0 (by the margin: a few
+            # steps' noise), for the best length as judged; a win, or a loss to a drafting length's estimate alone,
+            # waits for its full window (a trial won on 8 steps kept the estimates of the fixed length it left). At 4
+            # chat requests on a Zen 4 a trial ran its 33 steps at 0.81x target-only, 22 % of the level's loss
+            # (bench/results/closed-loop.md, "2026-12-07, fifteenth sweep")
+            if best is None or policy * (1.0 + self.margin) >= ref[0]:
+                return None
         if best is not None:  # the policy lost: the best fixed length takes over
             if self.trial:
                 self.hold = min(2 * self.hold, self.max_hold)
@@ -325,6 +364,18 @@ class Governor:
         elif self.trial:  # the policy won its trial back
             self.trial, self.hold = False, self.hold0
         return self.mode
+
+    def _rebase(self) -> None:
+        """A policy spell whose last quarter window ran at another batch band than its first: from here on it is
+        judged on its steps at that band alone, from a quarter window on. The steps at the band it left are another
+        load's (at 4 chat requests on a Zen 4 the policy's spell, 13 steps at one request and 19 at four, measured
+        1.02x target-only where its steps at four ran 0.5-0.9x, and it drafted on there:
+        bench/results/closed-loop.md, "2026-12-07, fifteenth sweep")."""
+        n = self.window // 4
+        band = self.spell.last_band(n)
+        if band is not None and band != self.spell.first_band:
+            self.spell = self.spell.tail(n)
+            self.spell.rebased = True
 
     def _fixed(self, costs: CostModel) -> int | None:
         assert self.mode is not None
