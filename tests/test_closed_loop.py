@@ -708,6 +708,23 @@ def test_the_first_band_is_probed_and_a_later_one_only_where_it_does_not_draft()
     assert loop.override(8) is None
 
 
+def test_a_later_band_is_not_probed_at_short_lengths_while_a_drafting_length_runs():
+    """A later band whose watched steps drafted less than a token a request, while the governor has moved to a fixed
+    k = 3 (judged at the band it left): that length's steps time the band's widths, and the governor judges it there
+    within a quarter window: no probe runs (target-only's step at the batch is timed by the watched steps, which
+    drafted nothing). With the policy deciding, the short lengths are probed as before."""
+    for mode, expected in ((3, []), (None, [1, 2, 4] * 3)):
+        loop, now = _loop(), 0.0
+        assert len([loop.override(1) for _ in range(15)]) == 15  # the first band's probes
+        loop.step(now, 2, [1], [1])
+        loop.governor.mode = mode  # (as a judgement of the first band's spell leaves it)
+        assert loop.override(4) == mode  # band 4 watched
+        for _ in range(CLOSED_LOOP_BAND_WATCH):  # the policy's last windows at the band: less than a token each
+            now += 1.0
+            _decode(loop, 4, 0, now)
+        assert loop._probes[4] == expected
+
+
 def _step(loop: ClosedLoop, clock: list[float], batch: int, last: tuple[int, int], stale: int) -> int | None:
     """One proposer step with made-up seconds: the target step over the last step's tokens (0.1 s + 2 ms a token),
     the decision, the draft positions (30 ms each; none when off). last: the window drafted and accepted; stale: how

@@ -130,8 +130,8 @@ class ClosedLoop:
     def _watch_band(self, drafted: Sequence[int]) -> None:
         """A later band's first steps' drafts, then the band's probes (none while k = 0 holds there:
         Governor.holds_off): k = 0 where target-only's step at this batch is untimed (_reference) and, if they drafted
-        less than a token a request, the short lengths whose steps at this batch size (its tokens) the table has not
-        timed three times yet."""
+        less than a token a request and the governor runs no drafting length, the short lengths whose steps at this
+        batch size (its tokens) the table has not timed three times yet."""
         batch = len(drafted)
         watch = self._watch.get(batch_band(batch))
         if watch is None:
@@ -145,7 +145,10 @@ class ClosedLoop:
             if self.governor.holds_off(batch_band(batch)):
                 return  # (k = 0 runs there: its off steps time the reference)
             probes = self._reference(batch)
-            if watch[2] < watch[1]:
+            # (the short lengths not where the governor runs a drafting length now: its steps time the band's widths,
+            # and it is judged there within a quarter window; at 4 chat requests on a Zen 4 the probes ran 9 steps
+            # under k = 3, 21 % of the band's loss: bench/results/closed-loop.md, "2026-12-07, sixteenth sweep")
+            if watch[2] < watch[1] and not self.governor.mode:
                 timed = self.costs.steps.count
                 short = [k for k in self._widths if k <= 4 and timed[min(batch * (k + 1), len(timed)) - 1] < 3]
                 probes += [short[i % len(short)] for i in range(3 * len(short))]
