@@ -22,7 +22,7 @@ from vllm_pair import (  # noqa: F401 -- pytest fixtures
     vllm_generate,
 )
 
-from disco.base.defaults import CLOSED_LOOP_PROBES, GOVERNOR_HOLD, GOVERNOR_WINDOW
+from disco.base.defaults import CLOSED_LOOP_PROBES, GOVERNOR_HOLD, GOVERNOR_MARGIN, GOVERNOR_WINDOW
 from disco.base.options import PairOptions
 from disco.loop.pair import load_pair
 from disco.policies.policy_registry import PolicySpec
@@ -144,7 +144,7 @@ def test_a_shift_in_acceptance_moves_the_windows(pair, ids, spec, monkeypatch):
     probabilities unchanged: a confidence that no longer means anything) under a policy that always drafts K_MAX
     (the governor may prefer a shorter fixed length before the shift, where every step drafts): within 9/8
     GOVERNOR_WINDOW steps of the shift plus one judgement the windows are at most one token (but for a trial of the
-    policy), the governor believes no window of two pays, and the outputs stay the target's."""
+    policy), the governor believes no window of two pays enough to leave k = 0, and the outputs stay the target's."""
     from disco.vllm import draft
 
     synthetic_clock(monkeypatch)  # (SEED's seconds: drafting pays while the draft agrees)
@@ -168,7 +168,9 @@ def test_a_shift_in_acceptance_moves_the_windows(pair, ids, spec, monkeypatch):
     # (GOVERNOR_WINDOW steps; the next comes a hold of GOVERNOR_HOLD steps or more later)
     assert sum(w <= 1 for w in seen[bound : bound + 2 * GOVERNOR_WINDOW]) >= GOVERNOR_WINDOW, seen
     est = proposer.loop.governor.estimates
-    assert est is not None and max(est[2:]) < 1.0, est  # windows of two or more: believed to lose
+    # windows of two or more: believed not to beat k = 0 by the margin a move from it needs (Governor._fixed; the
+    # estimate of k = 2 lands within 0.1 % of k = 0's in some schedules of the stream)
+    assert est is not None and max(est[2:]) < 1.0 + GOVERNOR_MARGIN, est
     monkeypatch.undo()
     assert outs == [vllm_generate(pair, SpecConfig(), [ids[n % len(ids)]], 40)[0][0] for n in range(len(outs))]
 
