@@ -115,14 +115,12 @@ class Spell:
         return np.bincount(self.batch[:n], minlength=self.max_batch + 1)
 
     def settled(self, n: int) -> bool:
-        """Its last n steps (or all, if fewer) all ran at its band."""
-        last = (self.steps - 1 - np.arange(min(n, self.steps, self.window))) % self.window
-        band = self.band()
-        return all(batch_band(int(b)) == band for b in self.batch[last])
+        """Its last n steps (or all, if fewer; at least one) all ran at its band."""
+        return self.last_band(min(n, self.steps, self.window)) == self.band()
 
     def last_band(self, n: int) -> int | None:
         """The band all its last n steps ran at (None: fewer steps, or more than one band)."""
-        if self.steps < n:
+        if not 0 < n <= self.steps:
             return None
         bands = {batch_band(int(self.batch[(self.steps - 1 - i) % self.window])) for i in range(n)}
         return bands.pop() if len(bands) == 1 else None
